@@ -1,0 +1,14 @@
+"""lowvm: thread-block-level VM programs for low-precision LLM serving kernels.
+
+``lowvm.dtype("int3")`` and module attributes (``lowvm.int3``, ``lowvm.float6_e3m2``)
+give the data types; :mod:`lowvm.layouts` holds the layout algebra.
+"""
+
+from lowvm import dtypes, layouts
+from lowvm.dtypes import *  # noqa: F403  (every data type constant, dtype(), DType)
+from lowvm.dtypes import __all__ as _dtype_names
+from lowvm.errors import DTypeError, LayoutError, LowvmError
+
+__version__ = "0.1.0"
+
+__all__ = ["dtypes", "layouts", "LowvmError", "DTypeError", "LayoutError", *_dtype_names]

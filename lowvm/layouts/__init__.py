@@ -1,0 +1,55 @@
+"""The layout algebra: register, shared-memory and global layouts, MMA operand layouts."""
+
+from lowvm.layouts.global_layout import (
+    GlobalLayout,
+    global_column_major,
+    global_row_major,
+    global_strided,
+)
+from lowvm.layouts.mma import MMA_SHAPES, MmaLayouts, mma_layouts
+from lowvm.layouts.register import (
+    RegisterLayout,
+    column_local,
+    column_spatial,
+    compose,
+    concat,
+    local,
+    permute,
+    reduce,
+    spatial,
+)
+from lowvm.layouts.shared import (
+    SharedLayout,
+    Swizzle,
+    shared_column_major,
+    shared_row_major,
+    shared_strided,
+    swizzle_128b,
+)
+from lowvm.layouts.visualize import visualize
+
+__all__ = [
+    "RegisterLayout",
+    "local",
+    "spatial",
+    "column_local",
+    "column_spatial",
+    "compose",
+    "reduce",
+    "concat",
+    "permute",
+    "MmaLayouts",
+    "mma_layouts",
+    "MMA_SHAPES",
+    "SharedLayout",
+    "Swizzle",
+    "shared_row_major",
+    "shared_column_major",
+    "shared_strided",
+    "swizzle_128b",
+    "GlobalLayout",
+    "global_row_major",
+    "global_column_major",
+    "global_strided",
+    "visualize",
+]

@@ -1,0 +1,80 @@
+"""Operand layouts of the warp-level ``mma.sync`` tensor-core instructions.
+
+Each operand's fragment, as drawn in the PTX ISA, is a composition of the register
+layout primitives: e.g. the f32 accumulator of m16n8k16 is
+``local(2, 1).spatial(8, 4).local(1, 2)``: two row halves held in registers, the
+warp's 32 lanes as 8 rows x 4 column pairs, two adjacent columns per lane. Nothing here
+is a table: the tests compare these compositions with the ISA's formulas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lowvm.dtypes import DType, bfloat16, float16, float32, int8, int32, uint8
+from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import LayoutError
+from lowvm.layouts.register import RegisterLayout, column_local, column_spatial, local
+
+__all__ = ["MmaLayouts", "mma_layouts", "MMA_SHAPES"]
+
+
+@dataclass(frozen=True)
+class MmaLayouts:
+    """The three operand layouts of one warp MMA ``D[m,n] = A[m,k] @ B[k,n] + C[m,n]``."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    operand_dtype: DType
+    accumulator_dtype: DType
+    a: RegisterLayout
+    b: RegisterLayout
+    c: RegisterLayout
+
+
+def _accumulator() -> RegisterLayout:
+    # rows groupID and groupID + 8 (registers c0,c1 / c2,c3); two adjacent columns each
+    return local(2, 1).spatial(8, 4).local(1, 2)
+
+
+def _build(name: str, dt: DType) -> MmaLayouts:
+    c = _accumulator()
+    if name == "m16n8k16" and dt in (float16, bfloat16):
+        # a0..a7: (row half, column half) in column-major register order, pairs of columns
+        a = column_local(2, 2).spatial(8, 4).local(1, 2)
+        b = local(2, 1).column_spatial(4, 8).local(2, 1)
+        return MmaLayouts(name, 16, 8, 16, dt, float32, a, b, c)
+    if name == "m16n8k8" and dt in (float16, bfloat16):
+        a = local(2, 1).spatial(8, 4).local(1, 2)
+        b = column_spatial(4, 8).local(2, 1)
+        return MmaLayouts(name, 16, 8, 8, dt, float32, a, b, c)
+    if name == "m16n8k32" and dt in (int8, uint8):
+        a = column_local(2, 2).spatial(8, 4).local(1, 4)
+        b = local(2, 1).column_spatial(4, 8).local(4, 1)
+        return MmaLayouts(name, 16, 8, 32, dt, int32, a, b, c)
+    if name == "m16n8k16" and dt in (int8, uint8):
+        a = local(2, 1).spatial(8, 4).local(1, 4)
+        b = column_spatial(4, 8).local(4, 1)
+        return MmaLayouts(name, 16, 8, 16, dt, int32, a, b, c)
+    raise LayoutError(
+        f"mma_layouts: no mma.sync shape {name!r} for operand type {dt.name}; accepted: "
+        + ", ".join(f"{s} with {'/'.join(ts)}" for s, ts in MMA_SHAPES.items())
+    )
+
+
+MMA_SHAPES: dict[str, tuple[str, ...]] = {
+    "m16n8k16": ("float16", "bfloat16", "int8", "uint8"),
+    "m16n8k8": ("float16", "bfloat16"),
+    "m16n8k32": ("int8", "uint8"),
+}
+
+
+def mma_layouts(shape: str, operand_dtype: DType | str) -> MmaLayouts:
+    """The A, B and C fragment layouts of ``mma.sync.aligned.<shape>`` for a type.
+
+    ``shape`` is e.g. ``"m16n8k16"``; ``operand_dtype`` the type of A and B
+    (float16/bfloat16 accumulate in float32, int8/uint8 in int32).
+    """
+    return _build(shape, as_dtype(operand_dtype))
