@@ -8,7 +8,19 @@ from lowvm import dtypes, layouts
 from lowvm.dtypes import *  # noqa: F403  (every data type constant, dtype(), DType)
 from lowvm.dtypes import __all__ as _dtype_names
 from lowvm.errors import DTypeError, LayoutError, LowvmError
+from lowvm.interpreter import InterpretError, interpret
+from lowvm.ir import ProgramError
 
 __version__ = "0.1.0"
 
-__all__ = ["dtypes", "layouts", "LowvmError", "DTypeError", "LayoutError", *_dtype_names]
+__all__ = [
+    "dtypes",
+    "layouts",
+    "interpret",
+    "LowvmError",
+    "DTypeError",
+    "LayoutError",
+    "ProgramError",
+    "InterpretError",
+    *_dtype_names,
+]

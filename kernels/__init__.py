@@ -1,0 +1,1 @@
+"""The kernel library, written as VM programs (run on the CPU with ``lowvm.interpret``)."""

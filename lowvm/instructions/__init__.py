@@ -1,0 +1,49 @@
+"""The VM's instructions, one file per family; :data:`INSTRUCTIONS` lists them all."""
+
+from lowvm.instructions.base import INSTRUCTIONS, Instruction
+from lowvm.instructions.control import Sync
+from lowvm.instructions.data import Assign, Cast, Permute, RegisterInit, ThreadIndex, View
+from lowvm.instructions.dot import DOT_TYPES, Dot
+from lowvm.instructions.elementwise import COMPARISONS, OPS, Elementwise
+from lowvm.instructions.memory import (
+    AllocShared,
+    CommitGroup,
+    CopyAsync,
+    FreeShared,
+    GlobalView,
+    LoadGlobal,
+    LoadShared,
+    StoreGlobal,
+    StoreShared,
+    WaitGroup,
+)
+from lowvm.instructions.reduce import REDUCE_OPS, Reduce
+
+__all__ = [
+    "INSTRUCTIONS",
+    "Instruction",
+    "Sync",
+    "Assign",
+    "Cast",
+    "Permute",
+    "RegisterInit",
+    "ThreadIndex",
+    "View",
+    "Dot",
+    "DOT_TYPES",
+    "Elementwise",
+    "OPS",
+    "COMPARISONS",
+    "AllocShared",
+    "CommitGroup",
+    "CopyAsync",
+    "FreeShared",
+    "GlobalView",
+    "LoadGlobal",
+    "LoadShared",
+    "StoreGlobal",
+    "StoreShared",
+    "WaitGroup",
+    "Reduce",
+    "REDUCE_OPS",
+]

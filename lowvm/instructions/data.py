@@ -1,0 +1,138 @@
+"""Data instructions: create register tiles, reinterpret bits, convert types, permute.
+
+``view`` is how packed low-bit weights become values: each thread's registers are a bit
+string (local 0 in the lowest bits, as on the GPU), read again as another type and
+layout. ``cast`` converts values exactly per :mod:`lowvm.dtypes` (round to nearest even,
+saturate; float to integer rounds to nearest even too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lowvm.expr import Expr
+from lowvm.instructions.base import Instruction, register_instruction
+from lowvm.interpreter.values import quantize, reinterpret
+from lowvm.ir import RegisterTensor
+from lowvm.layouts import permute
+
+if TYPE_CHECKING:
+    from lowvm.interpreter.state import BlockState
+
+__all__ = ["RegisterInit", "View", "Cast", "Permute", "Assign", "ThreadIndex"]
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RegisterInit(Instruction):
+    """A register tile filled with ``value`` (rounded to the tile's type)."""
+
+    mnemonic = "register_tensor"
+    out: RegisterTensor
+    value: Expr
+
+    def interpret(self, st: BlockState) -> None:
+        value = st.eval(self.value)
+        lay = self.out.layout
+        filled = np.full((lay.num_threads, lay.local_size), value)
+        st.set(self.out, quantize(filled, self.out.dtype))
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class View(Instruction):
+    """Reinterpret each thread's registers of ``src`` as ``out``'s type and layout."""
+
+    mnemonic = "view"
+    out: RegisterTensor
+    src: RegisterTensor
+
+    def check(self) -> None:
+        a, b = self.src, self.out
+        if a.layout.num_threads != b.layout.num_threads:
+            raise self.error(
+                f"%{a.name} is spread over {a.layout.num_threads} threads, the view over "
+                f"{b.layout.num_threads}; a view never moves data between threads"
+            )
+        bits_a = a.layout.local_size * a.dtype.nbits
+        bits_b = b.layout.local_size * b.dtype.nbits
+        if bits_a != bits_b:
+            raise self.error(
+                f"each thread holds {a.layout.local_size} x {a.dtype.nbits} = {bits_a} bits "
+                f"of %{a.name} but the view needs {b.layout.local_size} x {b.dtype.nbits} = "
+                f"{bits_b} bits per thread"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        st.set(self.out, reinterpret(st.get(self.src), self.src.dtype, self.out.dtype))
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Cast(Instruction):
+    """Convert values to another type (same layout)."""
+
+    mnemonic = "cast"
+    out: RegisterTensor
+    src: RegisterTensor
+
+    def check(self) -> None:
+        if self.out.layout != self.src.layout:
+            raise self.error("a cast keeps the layout of its source")
+
+    def interpret(self, st: BlockState) -> None:
+        st.set(self.out, quantize(st.get(self.src), self.out.dtype), check_range=False)
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Permute(Instruction):
+    """Reorder the dims of a tile; each thread keeps its registers (free on the GPU)."""
+
+    mnemonic = "permute"
+    out: RegisterTensor
+    src: RegisterTensor
+    dims: tuple[int, ...]
+
+    def check(self) -> None:
+        if self.out.layout != permute(self.src.layout, self.dims):
+            raise self.error("the result layout must be the permuted source layout")
+
+    def interpret(self, st: BlockState) -> None:
+        st.set(self.out, st.get(self.src).copy())
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Assign(Instruction):
+    """Copy ``src`` into the existing tile ``out`` (same type, shape and layout)."""
+
+    mnemonic = "assign"
+    out: RegisterTensor
+    src: RegisterTensor
+
+    def check(self) -> None:
+        a, b = self.src, self.out
+        if a.dtype != b.dtype or a.shape != b.shape or a.layout != b.layout:
+            raise self.error(
+                f"cannot assign {a.type_str()} to {b.type_str()}: type, shape and layout "
+                "must match"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        st.set(self.out, st.get(self.src).copy())
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class ThreadIndex(Instruction):
+    """Each thread's index in the block, as an int32 tile of layout spatial(threads)."""
+
+    mnemonic = "thread_index"
+    out: RegisterTensor
+
+    def interpret(self, st: BlockState) -> None:
+        st.set(self.out, np.arange(self.out.layout.num_threads, dtype=np.int64)[:, None])

@@ -1,0 +1,285 @@
+"""Memory instructions: global views, global/shared loads and stores, async copies.
+
+Out-of-bounds elements of a global tile are masked: loads give 0, stores are skipped,
+``copy_async`` zero-fills (as ``cp.async`` with a zero source size does). Shared memory
+is checked like a race detector: a thread may read a shared element only after the
+write that produced it was made visible (``sync`` after a ``store_shared`` by another
+thread; ``wait_group`` then ``sync`` after a ``copy_async``), and may not overwrite an
+element another thread read since the last ``sync``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lowvm.expr import Expr
+from lowvm.instructions.base import Instruction, register_instruction
+from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
+
+if TYPE_CHECKING:
+    from lowvm.interpreter.state import BlockState
+
+__all__ = [
+    "GlobalView",
+    "LoadGlobal",
+    "StoreGlobal",
+    "AllocShared",
+    "FreeShared",
+    "LoadShared",
+    "StoreShared",
+    "CopyAsync",
+    "CommitGroup",
+    "WaitGroup",
+]
+
+
+def _check_offsets(inst: Instruction, offsets: tuple[Expr, ...], rank: int, what: str) -> None:
+    if len(offsets) != rank:
+        raise inst.error(f"{len(offsets)} offsets given for the rank-{rank} {what}")
+
+
+def _check_whole_bytes(inst: Instruction, tensor) -> None:
+    if tensor.dtype.nbits % 8:
+        raise inst.error(
+            f"%{tensor.name} has the {tensor.dtype.nbits}-bit type {tensor.dtype.name}; "
+            "memory holds whole bytes: load uint8 (or wider) tiles and `view` them as "
+            f"{tensor.dtype.name}"
+        )
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class GlobalView(Instruction):
+    """Name a global tensor: ``pointer`` seen through a global layout."""
+
+    mnemonic = "global_view"
+    out: GlobalTensor
+
+    def check(self) -> None:
+        _check_whole_bytes(self, self.out)
+
+    def interpret(self, st: BlockState) -> None:
+        st.bind_global(self.out)
+
+    def format_args(self) -> str:
+        return f"{self.out.pointer} as {self.out.layout}"
+
+
+def _global_positions(
+    st: BlockState, tensor: GlobalTensor, offsets: tuple[Expr, ...], table: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Flat element offsets of ``offsets + table`` and the in-bounds mask."""
+    shape, strides = st.global_shape(tensor)
+    start = np.array([int(st.eval(o)) for o in offsets], dtype=np.int64)
+    index = table + start
+    inside = np.ones(index.shape[:-1], dtype=bool)
+    flat = np.zeros(index.shape[:-1], dtype=np.int64)
+    for d, (size, stride) in enumerate(zip(shape, strides)):
+        inside &= (index[..., d] >= 0) & (index[..., d] < size)
+        flat += index[..., d] * stride
+    return flat, inside
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LoadGlobal(Instruction):
+    """Load the tile at ``offsets`` of a global tensor into registers (0 outside)."""
+
+    mnemonic = "load_global"
+    out: RegisterTensor
+    src: GlobalTensor
+    offsets: tuple[Expr, ...]
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.src.rank, "global tensor")
+        _check_whole_bytes(self, self.out)
+        if self.out.dtype != self.src.dtype:
+            raise self.error(
+                f"loading {self.src.dtype.name} from %{self.src.name} into a "
+                f"{self.out.dtype.name} tile; load as {self.src.dtype.name} and cast"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        flat, inside = _global_positions(st, self.src, self.offsets, self.out.layout.table)
+        values = np.zeros(flat.shape, dtype=np.float64 if self.out.dtype.is_float else np.int64)
+        values[inside] = st.global_buffer(self.src, self).read(flat[inside])
+        st.set(self.out, values)
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class StoreGlobal(Instruction):
+    """Store a register tile at ``offsets`` of a global tensor (skipping outside)."""
+
+    mnemonic = "store_global"
+    dst: GlobalTensor
+    src: RegisterTensor
+    offsets: tuple[Expr, ...]
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.dst.rank, "global tensor")
+        if self.src.dtype != self.dst.dtype:
+            raise self.error(
+                f"storing a {self.src.dtype.name} tile into {self.dst.dtype.name} "
+                f"%{self.dst.name}; cast it first"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        flat, inside = _global_positions(st, self.dst, self.offsets, self.src.layout.table)
+        st.global_buffer(self.dst, self).write(flat[inside], st.get(self.src)[inside])
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class AllocShared(Instruction):
+    """Allocate a shared tile (its contents undefined until written)."""
+
+    mnemonic = "shared_tensor"
+    out: SharedTensor
+
+    def check(self) -> None:
+        _check_whole_bytes(self, self.out)
+
+    def interpret(self, st: BlockState) -> None:
+        st.alloc_shared(self.out)
+
+    def format_args(self) -> str:
+        lay = self.out.layout
+        swz = f" swizzle {lay.swizzle}" if lay.swizzle else ""
+        return f"strides {list(lay.strides)}{swz} ({self.out.nbytes} bytes)"
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class FreeShared(Instruction):
+    """Release a shared tile; later uses are errors."""
+
+    mnemonic = "free_shared"
+    tensor: SharedTensor
+
+    def interpret(self, st: BlockState) -> None:
+        st.free_shared(self.tensor, self)
+
+
+def _shared_positions(
+    inst: Instruction, st: BlockState, tensor: SharedTensor, offsets, table: np.ndarray
+) -> np.ndarray:
+    start = np.array([int(st.eval(o)) for o in offsets], dtype=np.int64)
+    index = table + start
+    for d, size in enumerate(tensor.shape):
+        bad = (index[..., d] < 0) | (index[..., d] >= size)
+        if bad.any():
+            where = tuple(int(v) for v in index[np.argwhere(bad)[0][0], np.argwhere(bad)[0][1]])
+            raise st.runtime_error(
+                inst, f"index {where} is outside the shared tile %{tensor.name} of shape "
+                f"{list(tensor.shape)}"
+            )
+    lay = tensor.layout
+    linear = sum(index[..., d] * lay.strides[d] for d in range(tensor.rank))
+    return lay.swizzle(linear) if lay.swizzle else linear
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LoadShared(Instruction):
+    """Load the tile at ``offsets`` of a shared tensor into registers."""
+
+    mnemonic = "load_shared"
+    out: RegisterTensor
+    src: SharedTensor
+    offsets: tuple[Expr, ...]
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.src.rank, "shared tensor")
+        if self.out.dtype != self.src.dtype:
+            raise self.error(
+                f"loading {self.src.dtype.name} from %{self.src.name} into a "
+                f"{self.out.dtype.name} tile"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        pos = _shared_positions(self, st, self.src, self.offsets, self.out.layout.table)
+        st.set(self.out, st.shared(self.src, self).read(pos, self, st))
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class StoreShared(Instruction):
+    """Store a register tile at ``offsets`` of a shared tensor."""
+
+    mnemonic = "store_shared"
+    dst: SharedTensor
+    src: RegisterTensor
+    offsets: tuple[Expr, ...]
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.dst.rank, "shared tensor")
+        if self.src.dtype != self.dst.dtype:
+            raise self.error(
+                f"storing a {self.src.dtype.name} tile into {self.dst.dtype.name} "
+                f"%{self.dst.name}; cast it first"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        pos = _shared_positions(self, st, self.dst, self.offsets, self.src.layout.table)
+        st.shared(self.dst, self).write(pos, st.get(self.src), self, st)
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class CopyAsync(Instruction):
+    """Start copying the global tile at ``offsets`` into the whole shared tile ``dst``.
+
+    The data is usable only after ``commit_group``, ``wait_group`` and ``sync``.
+    """
+
+    mnemonic = "copy_async"
+    dst: SharedTensor
+    src: GlobalTensor
+    offsets: tuple[Expr, ...]
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.src.rank, "global tensor")
+        if self.src.dtype != self.dst.dtype:
+            raise self.error(
+                f"copying {self.src.dtype.name} %{self.src.name} into "
+                f"{self.dst.dtype.name} %{self.dst.name}; the types must match"
+            )
+
+    def interpret(self, st: BlockState) -> None:
+        table = np.indices(self.dst.shape).reshape(self.dst.rank, -1).T[None]  # [1, N, rank]
+        flat, inside = _global_positions(st, self.src, self.offsets, table)
+        values = np.zeros(flat.shape[1], dtype=np.float64 if self.dst.dtype.is_float else np.int64)
+        values[inside[0]] = st.global_buffer(self.src, self).read(flat[0][inside[0]])
+        pos = self.dst.layout.offsets().reshape(-1)
+        st.shared(self.dst, self).copy_async(pos, values, self, st)
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class CommitGroup(Instruction):
+    """Close the group of ``copy_async`` issued since the last commit."""
+
+    mnemonic = "commit_group"
+
+    def interpret(self, st: BlockState) -> None:
+        st.commit_group()
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WaitGroup(Instruction):
+    """Wait until at most ``n`` committed groups are still in flight."""
+
+    mnemonic = "wait_group"
+    n: int
+
+    def check(self) -> None:
+        if not isinstance(self.n, int) or self.n < 0:
+            raise self.error(f"n must be a compile-time integer >= 0, got {self.n!r}")
+
+    def interpret(self, st: BlockState) -> None:
+        st.wait_group(self.n)

@@ -1,0 +1,152 @@
+"""One thread block's state while the interpreter runs it.
+
+Register tiles are stored *per thread*: an array ``[threads, locals]`` laid out by the
+tile's register layout, exactly what each GPU thread would hold. Logical views
+(:meth:`BlockState.to_logical`) are assembled from those registers, so a wrong layout
+gives a wrong answer here as it would on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from lowvm.expr import ExprLike, evaluate
+from lowvm.instructions.base import Instruction
+from lowvm.interpreter.memory import GlobalBuffer, InterpretError, SharedStorage
+from lowvm.ir import GlobalTensor, ProgramError, RegisterTensor, SharedTensor
+
+__all__ = ["BlockState"]
+
+
+class BlockState:
+    """Scalars, registers, shared tiles and async-copy groups of one block."""
+
+    def __init__(self, env: Mapping[str, int | float], buffers: Mapping[str, GlobalBuffer],
+                 block: tuple[int, ...]) -> None:
+        self.env: dict[str, int | float] = dict(env)
+        self.buffers = buffers
+        self.block = block
+        self.registers: dict[RegisterTensor, np.ndarray] = {}
+        self.globals: dict[GlobalTensor, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.shared_tiles: dict[SharedTensor, SharedStorage] = {}
+        self.uncommitted: list[tuple[SharedStorage, np.ndarray]] = []
+        self.groups: list[list[tuple[SharedStorage, np.ndarray]]] = []
+
+    # scalars and errors ---------------------------------------------------------------
+    def eval(self, expr: ExprLike):
+        """The value of a uniform scalar expression in this block."""
+        return evaluate(expr, self.env)
+
+    def runtime_error(self, inst: Instruction, message: str) -> InterpretError:
+        """An error at ``inst``'s source line, naming this block."""
+        return InterpretError(f"{inst.mnemonic} in block {self.block}: {message}", inst.loc)
+
+    # registers ----------------------------------------------------------------------
+    def get(self, tensor: RegisterTensor) -> np.ndarray:
+        """The per-thread registers ``[threads, locals]`` of ``tensor``."""
+        try:
+            return self.registers[tensor]
+        except KeyError:
+            raise ProgramError(
+                f"the tile %{tensor.name} is read before any instruction wrote it"
+            ) from None
+
+    def set(self, tensor: RegisterTensor, data: np.ndarray, inst: Instruction | None = None,
+            check_range: bool = True) -> None:
+        """Store per-thread registers; integer values must fit the tile's type."""
+        lay = tensor.layout
+        data = np.broadcast_to(np.asarray(data), (lay.num_threads, lay.local_size))
+        dt = tensor.dtype
+        if check_range and dt.is_integer and data.size:
+            lo, hi = int(data.min()), int(data.max())
+            if lo < dt.min_value or hi > dt.max_value:
+                bad = lo if lo < dt.min_value else hi
+                message = (f"integer overflow: the value {bad} does not fit "
+                           f"{dt.name} [{int(dt.min_value)}, {int(dt.max_value)}]")
+                if inst is not None:
+                    raise self.runtime_error(inst, message)
+                raise ProgramError(message)
+        self.registers[tensor] = np.array(data)
+
+    def to_logical(self, tensor: RegisterTensor) -> np.ndarray:
+        """The tile as a logical array, assembled from the threads' registers."""
+        data = self.get(tensor)
+        out = np.empty(int(np.prod(tensor.shape)), dtype=data.dtype)
+        out[tensor.layout.flat_table] = data
+        return out.reshape(tensor.shape)
+
+    def set_logical(self, tensor: RegisterTensor, logical: np.ndarray,
+                    inst: Instruction | None = None) -> None:
+        """Distribute a logical array to the threads by the tile's layout."""
+        flat = np.asarray(logical).reshape(-1)
+        self.set(tensor, flat[tensor.layout.flat_table], inst)
+
+    # global memory ------------------------------------------------------------------
+    def bind_global(self, tensor: GlobalTensor) -> None:
+        """Evaluate a global view's runtime shape and strides."""
+        self.globals[tensor] = tensor.layout.bind(self.env)
+
+    def global_shape(self, tensor: GlobalTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Concrete ``(shape, strides)`` of a global view."""
+        if tensor not in self.globals:
+            self.bind_global(tensor)
+        return self.globals[tensor]
+
+    def global_buffer(self, tensor: GlobalTensor, inst: Instruction) -> _BoundBuffer:
+        """The memory behind a global view."""
+        return _BoundBuffer(self.buffers[tensor.pointer.name], inst, self)
+
+    # shared memory ------------------------------------------------------------------
+    def alloc_shared(self, tensor: SharedTensor) -> None:
+        """Fresh storage for a shared tile (its contents never written)."""
+        self.shared_tiles[tensor] = SharedStorage(tensor)
+
+    def free_shared(self, tensor: SharedTensor, inst: Instruction) -> None:
+        """Release a shared tile."""
+        if self.shared_tiles.pop(tensor, None) is None:
+            raise self.runtime_error(inst, f"%{tensor.name} is not allocated")
+
+    def shared(self, tensor: SharedTensor, inst: Instruction) -> SharedStorage:
+        """The storage of an allocated shared tile."""
+        try:
+            return self.shared_tiles[tensor]
+        except KeyError:
+            raise self.runtime_error(
+                inst, f"the shared tile %{tensor.name} is used after free_shared (or before "
+                "its allocation)") from None
+
+    # asynchronous copies ------------------------------------------------------------
+    def add_async_copy(self, storage: SharedStorage, pos: np.ndarray) -> None:
+        """Record a copy_async for the next commit_group."""
+        self.uncommitted.append((storage, pos))
+
+    def commit_group(self) -> None:
+        """Close the open group of async copies."""
+        self.groups.append(self.uncommitted)
+        self.uncommitted = []
+
+    def wait_group(self, n: int) -> None:
+        """Complete the oldest groups until at most ``n`` remain in flight."""
+        while len(self.groups) > n:
+            for storage, pos in self.groups.pop(0):
+                storage.land(pos)
+
+    def sync(self) -> None:
+        """Block barrier."""
+        for storage in self.shared_tiles.values():
+            storage.sync()
+
+
+class _BoundBuffer:
+    """A global buffer together with the instruction using it (for error messages)."""
+
+    def __init__(self, buffer: GlobalBuffer, inst: Instruction, st: BlockState) -> None:
+        self.buffer, self.inst, self.st = buffer, inst, st
+
+    def read(self, offsets: np.ndarray) -> np.ndarray:
+        return self.buffer.read(offsets, self.inst, self.st)
+
+    def write(self, offsets: np.ndarray, values: np.ndarray) -> None:
+        self.buffer.write(offsets, values, self.inst, self.st)

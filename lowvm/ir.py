@@ -1,0 +1,337 @@
+"""The VM's intermediate representation: tiles, statements and programs.
+
+A program is a grid of thread blocks running one body. Every value the body computes is
+a *tile*: a :class:`GlobalTensor` (a pointer seen through a global layout), a
+:class:`SharedTensor` (shared memory seen through a shared layout) or a
+:class:`RegisterTensor` (spread over the block's threads by a register layout). Scalars
+(sizes, indices, loop variables) are :mod:`lowvm.expr` expressions and are uniform
+across the block.
+
+Nodes are frozen dataclasses; passes never mutate a node, they build new ones. Tensors
+compare by identity: two tiles with equal types are still two tiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from lowvm.dtypes import DType
+from lowvm.errors import LowvmError
+from lowvm.expr import Expr, Var
+from lowvm.layouts import GlobalLayout, RegisterLayout, SharedLayout
+
+if TYPE_CHECKING:
+    from lowvm.instructions.base import Instruction
+
+__all__ = [
+    "ProgramError",
+    "SourceLoc",
+    "Tensor",
+    "GlobalTensor",
+    "SharedTensor",
+    "RegisterTensor",
+    "PointerType",
+    "Param",
+    "Stmt",
+    "InstStmt",
+    "SeqStmt",
+    "ForStmt",
+    "IfStmt",
+    "LetStmt",
+    "Program",
+    "BOOL",
+    "walk",
+]
+
+#: The type of comparison results and masks (one bit of truth, stored as 0/1).
+BOOL = DType("bool", 1, "uint")
+
+
+@dataclass(frozen=True)
+class SourceLoc:
+    """Where in the user's source an instruction was written."""
+
+    filename: str
+    lineno: int
+    code: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.filename}:{self.lineno}"
+        return f"{text}: {self.code.strip()}" if self.code else text
+
+
+class ProgramError(LowvmError, ValueError):
+    """A mistake in a VM program, reported at the user's source line."""
+
+    def __init__(self, message: str, loc: SourceLoc | None = None) -> None:
+        self.message = message
+        self.loc = loc
+        super().__init__(f"{loc}\n  {message}" if loc else message)
+
+
+# ---------------------------------------------------------------------------------------
+# tiles
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A tile: a name, an element type and a shape. Compared by identity."""
+
+    name: str
+    dtype: DType
+
+    @property
+    def rank(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, eq=False)
+class GlobalTensor(Tensor):
+    """A view of global memory: ``pointer`` seen through ``layout`` (runtime sizes)."""
+
+    pointer: Var
+    layout: GlobalLayout
+
+    @property
+    def shape(self) -> tuple[Expr, ...]:
+        """The symbolic shape."""
+        return self.layout.shape
+
+    def type_str(self) -> str:
+        """``float16[M, K]`` style text."""
+        return f"{self.dtype.name}[{', '.join(str(s) for s in self.shape)}]"
+
+
+@dataclass(frozen=True, eq=False)
+class SharedTensor(Tensor):
+    """A tile in shared memory, stored at ``layout``'s offsets."""
+
+    layout: SharedLayout
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The tile's shape."""
+        return self.layout.shape
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the tile occupies."""
+        return math.ceil(self.layout.cosize * self.dtype.nbits / 8)
+
+    def type_str(self) -> str:
+        """``shared float16[64, 64]`` style text."""
+        return f"shared {self.dtype.name}[{', '.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True, eq=False)
+class RegisterTensor(Tensor):
+    """A tile in registers: element ``layout.logical_index(t, l)`` lives in thread t."""
+
+    shape: tuple[int, ...]
+    layout: RegisterLayout
+
+    def type_str(self) -> str:
+        """``float32[16, 8] local(2, 1).spatial(8, 4).local(1, 2)`` style text."""
+        return f"{self.dtype.name}[{', '.join(map(str, self.shape))}] {self.layout}"
+
+    # Python operators build VM instructions through the authoring front end.
+    def _op(self, name: str, *args):
+        from lowvm.lang import ops
+
+        return getattr(ops, name)(*args)
+
+    def __add__(self, other):
+        return self._op("add", self, other)
+
+    def __radd__(self, other):
+        return self._op("add", other, self)
+
+    def __sub__(self, other):
+        return self._op("sub", self, other)
+
+    def __rsub__(self, other):
+        return self._op("sub", other, self)
+
+    def __mul__(self, other):
+        return self._op("mul", self, other)
+
+    def __rmul__(self, other):
+        return self._op("mul", other, self)
+
+    def __truediv__(self, other):
+        return self._op("div", self, other)
+
+    def __rtruediv__(self, other):
+        return self._op("div", other, self)
+
+    def __neg__(self):
+        return self._op("neg", self)
+
+    def __abs__(self):
+        return self._op("abs", self)
+
+    def __lt__(self, other):
+        return self._op("lt", self, other)
+
+    def __le__(self, other):
+        return self._op("le", self, other)
+
+    def __gt__(self, other):
+        return self._op("gt", self, other)
+
+    def __ge__(self, other):
+        return self._op("ge", self, other)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:  # identity, not elementwise
+        return self is other
+
+    def __bool__(self) -> bool:
+        raise ProgramError(
+            f"the tile {self.name} has no single truth value; use vm.where(...) for "
+            "elementwise choices"
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# parameters
+
+
+@dataclass(frozen=True)
+class PointerType:
+    """The type of a pointer parameter: ``vm.ptr[vm.float16]``."""
+
+    dtype: DType
+
+    def __str__(self) -> str:
+        return f"ptr<{self.dtype.name}>"
+
+
+@dataclass(frozen=True)
+class Param:
+    """A runtime kernel parameter: a pointer or a scalar."""
+
+    name: str
+    type: PointerType | DType
+
+    @property
+    def is_pointer(self) -> bool:
+        """True for pointer parameters."""
+        return isinstance(self.type, PointerType)
+
+    @property
+    def var(self) -> Var:
+        """The variable the body uses for this parameter."""
+        return Var(self.name, "pointer" if self.is_pointer else self.type.name)  # type: ignore[union-attr]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.type}"
+
+
+# ---------------------------------------------------------------------------------------
+# statements
+
+
+class Stmt:
+    """Base of statements."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class InstStmt(Stmt):
+    """One VM instruction, executed by the whole block."""
+
+    inst: Instruction
+
+
+@dataclass(frozen=True)
+class SeqStmt(Stmt):
+    """Statements in order."""
+
+    stmts: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class ForStmt(Stmt):
+    """``for var in range(start, stop, step)`` over uniform bounds."""
+
+    var: Var
+    start: Expr
+    stop: Expr
+    step: Expr
+    body: Stmt
+    unroll: int | None = None
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class IfStmt(Stmt):
+    """``if cond: then_body else: else_body`` on a uniform condition."""
+
+    cond: Expr
+    then_body: Stmt
+    else_body: Stmt | None = None
+    loc: SourceLoc | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class LetStmt(Stmt):
+    """Bind a uniform scalar ``var = value`` for the statements that follow."""
+
+    var: Var
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Program:
+    """A complete VM program: parameters, launch grid, warps per block and the body."""
+
+    name: str
+    params: tuple[Param, ...]
+    grid: tuple[Expr, ...]
+    num_warps: int
+    body: Stmt
+    constants: tuple[tuple[str, object], ...] = ()
+    shared_bytes: int = 0
+
+    @property
+    def num_threads(self) -> int:
+        """Threads per block."""
+        return self.num_warps * 32
+
+    def instructions(self) -> Iterator[Instruction]:
+        """Every instruction of the body, in program order."""
+        for stmt in walk(self.body):
+            if isinstance(stmt, InstStmt):
+                yield stmt.inst
+
+    def __str__(self) -> str:
+        from lowvm.printer import format_program
+
+        return format_program(self)
+
+
+def walk(stmt: Stmt) -> Iterator[Stmt]:
+    """Pre-order traversal of a statement tree."""
+    yield stmt
+    if isinstance(stmt, SeqStmt):
+        for s in stmt.stmts:
+            yield from walk(s)
+    elif isinstance(stmt, ForStmt):
+        yield from walk(stmt.body)
+    elif isinstance(stmt, IfStmt):
+        yield from walk(stmt.then_body)
+        if stmt.else_body is not None:
+            yield from walk(stmt.else_body)
+
+
+def seq(stmts: Sequence[Stmt]) -> Stmt:
+    """A single statement for ``stmts`` (no nesting of one-element sequences)."""
+    return stmts[0] if len(stmts) == 1 else SeqStmt(tuple(stmts))

@@ -1,0 +1,522 @@
+"""The functions a VM program calls: each emits one instruction into the program.
+
+Every function checks its arguments and reports mistakes at the caller's source line
+(``ProgramError``). Tiles are values: functions return new tiles, except where ``out=``
+names an existing tile to overwrite — the way to update a tile defined before a
+``vm.range`` loop from inside it (``vm.dot(a, b, acc, out=acc)``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from lowvm.dtypes import DType
+from lowvm.dtypes import dtype as as_dtype
+from lowvm.expr import Const, Expr, ExprLike, Var, as_expr, const_value, is_const
+from lowvm.instructions import (
+    AllocShared,
+    Assign,
+    Cast,
+    CommitGroup,
+    CopyAsync,
+    Dot,
+    Elementwise,
+    FreeShared,
+    GlobalView,
+    LoadGlobal,
+    LoadShared,
+    Permute,
+    Reduce,
+    RegisterInit,
+    StoreGlobal,
+    StoreShared,
+    Sync,
+    ThreadIndex,
+    View,
+    WaitGroup,
+)
+from lowvm.instructions.dot import DOT_TYPES
+from lowvm.instructions.elementwise import COMPARISONS, OPS
+from lowvm.ir import (
+    BOOL,
+    ForStmt,
+    GlobalTensor,
+    IfStmt,
+    LetStmt,
+    ProgramError,
+    RegisterTensor,
+    SharedTensor,
+    seq,
+)
+from lowvm.lang.builder import Pointer, current, user_location
+from lowvm.layouts import (
+    GlobalLayout,
+    RegisterLayout,
+    SharedLayout,
+    global_row_major,
+    global_strided,
+    shared_row_major,
+)
+from lowvm.layouts import permute as permute_layout
+from lowvm.layouts import reduce as reduce_layout
+
+__all__ = [
+    "set_grid", "set_warps", "block_index", "grid_dim", "thread_index", "cdiv",
+    "global_view", "load_global", "store_global",
+    "shared_tensor", "free_shared", "load_shared", "store_shared",
+    "copy_async", "commit_group", "wait_group",
+    "register_tensor", "view", "cast", "permute", "transpose", "assign",
+    "add", "sub", "mul", "div", "mod", "maximum", "minimum", "neg", "abs", "exp", "sqrt",
+    "where", "fma", "lt", "le", "gt", "ge", "eq", "ne",
+    "reduce", "sum", "max", "min", "dot", "sync", "static_assert",
+    "range", "if_", "else_", "let",
+]  # fmt: skip
+
+
+def _fail(message: str) -> ProgramError:
+    return ProgramError(message, user_location())
+
+
+def _loc():
+    return user_location()
+
+
+def _offsets(offsets: Sequence[ExprLike] | None, rank: int, what: str) -> tuple[Expr, ...]:
+    if offsets is None:
+        return tuple(Const(0) for _ in builtins.range(rank))
+    offsets = tuple(offsets)
+    if len(offsets) != rank:
+        raise _fail(f"{what}: {len(offsets)} offsets for a rank-{rank} tensor")
+    return tuple(as_expr(o) for o in offsets)
+
+
+def _static_shape(shape: Sequence[int], what: str) -> tuple[int, ...]:
+    out = []
+    for s in shape:
+        value = const_value(s)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise _fail(f"{what}: tile sizes must be positive compile-time integers, got "
+                        f"{list(shape)}")
+        out.append(value)
+    return tuple(out)
+
+
+def _out_or_new(out: RegisterTensor | None, dtype: DType, shape: tuple[int, ...],
+                layout: RegisterLayout, what: str) -> RegisterTensor:
+    b = current()
+    if out is None:
+        return b.register(dtype, shape, layout, what)
+    if not isinstance(out, RegisterTensor):
+        raise _fail(f"{what}: out must be a register tile, got {type(out).__name__}")
+    if out.dtype != dtype or out.shape != shape or out.layout != layout:
+        raise _fail(
+            f"{what}: out=%{out.name} is {out.type_str()} but the result is "
+            f"{dtype.name}[{', '.join(map(str, shape))}] {layout}"
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# launch configuration and indices
+
+
+def set_grid(*dims: ExprLike) -> None:
+    """The number of blocks along x (and y, z); may depend on runtime arguments."""
+    if not 1 <= len(dims) <= 3:
+        raise _fail(f"set_grid: 1 to 3 dimensions, got {len(dims)}")
+    current().grid = tuple(as_expr(d) for d in dims)
+
+
+def set_warps(n: int) -> None:
+    """Warps per block (a compile-time integer), before any register tile is created."""
+    b = current()
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 32:
+        raise _fail(f"set_warps: n must be an integer in [1, 32], got {n!r}")
+    if b.tiles_created and b.num_warps != n:
+        raise _fail("set_warps: call it before creating register tiles")
+    b.num_warps = n
+
+
+def block_index(dim: int = 0) -> Var:
+    """This block's index along ``dim`` (0 = x, 1 = y, 2 = z)."""
+    return Var("blockIdx." + "xyz"[dim])
+
+
+def grid_dim(dim: int = 0) -> Var:
+    """The number of blocks along ``dim``."""
+    return Var("gridDim." + "xyz"[dim])
+
+
+def thread_index() -> RegisterTensor:
+    """Each thread's index, as an int32 tile of layout ``spatial(threads)``."""
+    from lowvm.dtypes import int32
+    from lowvm.layouts import spatial
+
+    b = current()
+    out = b.register(int32, (b.num_threads,), spatial(b.num_threads), "thread_index")
+    b.emit(ThreadIndex(out=out, loc=_loc()))
+    return out
+
+
+def cdiv(a: ExprLike, b: ExprLike) -> Expr | int:
+    """Ceiling division ``(a + b - 1) // b`` of non-negative values."""
+    if is_const(a) and is_const(b):
+        return -(-int(const_value(a)) // int(const_value(b)))
+    return (as_expr(a) + (as_expr(b) - 1)) // b
+
+
+# ---------------------------------------------------------------------------------------
+# memory
+
+
+def global_view(ptr: Pointer, shape: Sequence[ExprLike], strides: Sequence[ExprLike] | None
+                = None, layout: GlobalLayout | None = None) -> GlobalTensor:
+    """See the memory at pointer ``ptr`` as a tensor of ``shape`` (row-major by default)."""
+    if not isinstance(ptr, Pointer):
+        raise _fail(f"global_view: ptr must be a pointer parameter, got {ptr!r}")
+    if layout is None:
+        layout = global_row_major(*shape) if strides is None else global_strided(shape, strides)
+    elif tuple(as_expr(s) for s in shape) != layout.shape:
+        raise _fail("global_view: give either shape (and strides) or a layout of that shape")
+    b = current()
+    out = GlobalTensor(b.fresh("g"), ptr.dtype, ptr.var, layout)
+    b.emit(GlobalView(out=out, loc=_loc()))
+    return out
+
+
+def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Sequence[int],
+                layout: RegisterLayout) -> RegisterTensor:
+    """Load the tile of ``shape`` at ``offsets``; elements outside the tensor read as 0."""
+    if not isinstance(src, GlobalTensor):
+        raise _fail(f"load_global: src must be a global tensor, got {type(src).__name__}")
+    shape = _static_shape(shape, "load_global")
+    out = current().register(src.dtype, shape, layout, "load_global")
+    current().emit(LoadGlobal(out=out, src=src, offsets=_offsets(offsets, src.rank,
+                                                                  "load_global"), loc=_loc()))
+    return out
+
+
+def store_global(dst: GlobalTensor, src: RegisterTensor,
+                 offsets: Sequence[ExprLike] | None = None) -> None:
+    """Store a tile at ``offsets``; elements outside the tensor are skipped."""
+    if not isinstance(dst, GlobalTensor) or not isinstance(src, RegisterTensor):
+        raise _fail("store_global: expects (global tensor, register tile, offsets)")
+    current().emit(StoreGlobal(dst=dst, src=src, offsets=_offsets(offsets, dst.rank,
+                                                                  "store_global"), loc=_loc()))
+
+
+def shared_tensor(dtype: DType | str, shape: Sequence[int],
+                  layout: SharedLayout | None = None) -> SharedTensor:
+    """Allocate a shared tile (row-major unless a shared layout is given)."""
+    dt = as_dtype(dtype)
+    shape = _static_shape(shape, "shared_tensor")
+    layout = layout or shared_row_major(*shape)
+    if layout.shape != shape:
+        raise _fail(f"shared_tensor: layout shape {list(layout.shape)} != {list(shape)}")
+    b = current()
+    out = SharedTensor(b.fresh("s"), dt, layout)
+    b.emit(AllocShared(out=out, loc=_loc()))
+    b.take_shared(out.nbytes, "shared_tensor")
+    return out
+
+
+def free_shared(tensor: SharedTensor) -> None:
+    """Release a shared tile."""
+    current().emit(FreeShared(tensor=tensor, loc=_loc()))
+    current().give_shared(tensor.nbytes)
+
+
+def load_shared(src: SharedTensor, layout: RegisterLayout, offsets: Sequence[ExprLike] | None
+                = None, shape: Sequence[int] | None = None) -> RegisterTensor:
+    """Load a tile (the whole shared tile unless ``shape``/``offsets`` say otherwise)."""
+    if not isinstance(src, SharedTensor):
+        raise _fail(f"load_shared: src must be a shared tile, got {type(src).__name__}")
+    shape = _static_shape(shape if shape is not None else src.shape, "load_shared")
+    out = current().register(src.dtype, shape, layout, "load_shared")
+    current().emit(LoadShared(out=out, src=src, offsets=_offsets(offsets, src.rank,
+                                                                  "load_shared"), loc=_loc()))
+    return out
+
+
+def store_shared(dst: SharedTensor, src: RegisterTensor,
+                 offsets: Sequence[ExprLike] | None = None) -> None:
+    """Store a register tile into a shared tile at ``offsets``."""
+    current().emit(StoreShared(dst=dst, src=src, offsets=_offsets(offsets, dst.rank,
+                                                                  "store_shared"), loc=_loc()))
+
+
+def copy_async(dst: SharedTensor, src: GlobalTensor,
+               offsets: Sequence[ExprLike] | None = None) -> None:
+    """Start copying the global tile at ``offsets`` (of ``dst``'s shape) into ``dst``."""
+    if not isinstance(dst, SharedTensor) or not isinstance(src, GlobalTensor):
+        raise _fail("copy_async: expects (shared tile, global tensor, offsets)")
+    current().emit(CopyAsync(dst=dst, src=src, offsets=_offsets(offsets, src.rank,
+                                                                 "copy_async"), loc=_loc()))
+
+
+def commit_group() -> None:
+    """Close the group of copy_async issued since the last commit."""
+    current().emit(CommitGroup(loc=_loc()))
+
+
+def wait_group(n: int = 0) -> None:
+    """Wait until at most ``n`` committed groups are still in flight."""
+    current().emit(WaitGroup(n=n, loc=_loc()))
+
+
+# ---------------------------------------------------------------------------------------
+# data
+
+
+def register_tensor(dtype: DType | str, shape: Sequence[int], layout: RegisterLayout,
+                    init: ExprLike = 0) -> RegisterTensor:
+    """A register tile filled with ``init``."""
+    dt = as_dtype(dtype)
+    out = current().register(dt, _static_shape(shape, "register_tensor"), layout,
+                             "register_tensor")
+    current().emit(RegisterInit(out=out, value=as_expr(init), loc=_loc()))
+    return out
+
+
+def view(x: RegisterTensor, dtype: DType | str, layout: RegisterLayout) -> RegisterTensor:
+    """Reinterpret each thread's bits of ``x`` as ``dtype`` laid out by ``layout``."""
+    out = current().register(as_dtype(dtype), layout.shape, layout, "view")
+    current().emit(View(out=out, src=_tile(x, "view"), loc=_loc()))
+    return out
+
+
+def cast(x: RegisterTensor, dtype: DType | str, out: RegisterTensor | None = None
+         ) -> RegisterTensor:
+    """Convert to ``dtype`` (round to nearest even, saturating)."""
+    x = _tile(x, "cast")
+    out = _out_or_new(out, as_dtype(dtype), x.shape, x.layout, "cast")
+    current().emit(Cast(out=out, src=x, loc=_loc()))
+    return out
+
+
+def permute(x: RegisterTensor, dims: Sequence[int]) -> RegisterTensor:
+    """Reorder the tile's dims (threads keep their registers)."""
+    x = _tile(x, "permute")
+    dims = tuple(dims)
+    if sorted(dims) != list(builtins.range(x.rank)):
+        raise _fail(f"permute: dims must be a permutation of 0..{x.rank - 1}, got {list(dims)}")
+    lay = permute_layout(x.layout, dims)
+    out = current().register(x.dtype, lay.shape, lay, "permute")
+    current().emit(Permute(out=out, src=x, dims=dims, loc=_loc()))
+    return out
+
+
+def transpose(x: RegisterTensor) -> RegisterTensor:
+    """Swap the two dims of a 2-D tile."""
+    return permute(x, (1, 0))
+
+
+def assign(dst: RegisterTensor, src: RegisterTensor) -> None:
+    """Overwrite ``dst`` with ``src`` (same type, shape and layout)."""
+    current().emit(Assign(out=_tile(dst, "assign"), src=_tile(src, "assign"), loc=_loc()))
+
+
+# ---------------------------------------------------------------------------------------
+# elementwise arithmetic
+
+
+def _tile(x: object, what: str) -> RegisterTensor:
+    if not isinstance(x, RegisterTensor):
+        raise _fail(f"{what}: expected a register tile, got {type(x).__name__}: {x!r}")
+    return x
+
+
+def _elementwise(op: str, *args, out: RegisterTensor | None = None,
+                 layout: RegisterLayout | None = None) -> RegisterTensor:
+    tiles = [a for a in args if isinstance(a, RegisterTensor)]
+    if not tiles:
+        raise _fail(f"{op}: at least one operand must be a register tile")
+    values = [a for a in (args[1:] if op == "where" else args) if isinstance(a, RegisterTensor)]
+    dtype = values[0].dtype if values else tiles[-1].dtype
+    for a in args:
+        if not isinstance(a, (RegisterTensor, Expr, int, float, bool)):
+            raise _fail(f"{op}: operands must be tiles or scalars, got {type(a).__name__}")
+    ranks = {t.rank for t in tiles}
+    if len(ranks) > 1:
+        raise _fail(f"{op}: operands have different ranks {sorted(ranks)}")
+    shape = []
+    for d in builtins.range(tiles[0].rank):
+        sizes = {t.shape[d] for t in tiles} - {1}
+        if len(sizes) > 1:
+            raise _fail(f"{op}: shapes {[list(t.shape) for t in tiles]} do not broadcast")
+        shape.append(sizes.pop() if sizes else 1)
+    shape_t = tuple(shape)
+    if layout is None:
+        full = [t for t in tiles if t.shape == shape_t]
+        if out is not None:
+            layout = out.layout
+        elif full:
+            layout = full[0].layout
+        else:
+            raise _fail(f"{op}: no operand has the result shape {list(shape_t)}; pass "
+                        "layout=... for the result")
+    result_type = BOOL if op in COMPARISONS else dtype
+    result = _out_or_new(out, result_type, shape_t, layout, op)
+    operands = tuple(a if isinstance(a, RegisterTensor) else as_expr(a) for a in args)
+    current().emit(Elementwise(out=result, op=op, args=operands, loc=_loc()))
+    return result
+
+
+def _binary(op: str):
+    def fn(a, b, out: RegisterTensor | None = None) -> RegisterTensor:
+        return _elementwise(op, a, b, out=out)
+
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise ``{op}`` of two tiles or a tile and a scalar (broadcasting)."
+    return fn
+
+
+def _unary(op: str):
+    def fn(a, out: RegisterTensor | None = None) -> RegisterTensor:
+        return _elementwise(op, a, out=out)
+
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise ``{op}`` of a tile."
+    return fn
+
+
+add, sub, mul, div, mod = (_binary(o) for o in ("add", "sub", "mul", "div", "mod"))
+maximum, minimum = _binary("max"), _binary("min")
+lt, le, gt, ge, eq, ne = (_binary(o) for o in ("lt", "le", "gt", "ge", "eq", "ne"))
+neg, abs, exp, sqrt = (_unary(o) for o in ("neg", "abs", "exp", "sqrt"))  # noqa: A001
+maximum.__name__, minimum.__name__ = "maximum", "minimum"
+
+
+def where(cond, a, b, out: RegisterTensor | None = None) -> RegisterTensor:
+    """``a`` where ``cond`` (a bool tile) holds, else ``b``."""
+    return _elementwise("where", cond, a, b, out=out)
+
+
+def fma(a, b, c, out: RegisterTensor | None = None) -> RegisterTensor:
+    """``a * b + c`` rounded once."""
+    return _elementwise("fma", a, b, c, out=out)
+
+
+assert set(OPS) == {"neg", "abs", "exp", "sqrt", "add", "sub", "mul", "div", "mod", "max",
+                    "min", "lt", "le", "gt", "ge", "eq", "ne", "where", "fma"}
+
+
+def reduce(x: RegisterTensor, dim: int, op: str = "sum", keepdims: bool = False
+           ) -> RegisterTensor:
+    """Reduce over ``dim`` with ``sum``, ``max`` or ``min``."""
+    x = _tile(x, "reduce")
+    if not isinstance(dim, int) or not -x.rank <= dim < x.rank:
+        raise _fail(f"reduce: dim must be in [{-x.rank}, {x.rank}), got {dim!r}")
+    dim %= x.rank
+    lay = reduce_layout(x.layout, [dim], keepdims=keepdims)
+    out = current().register(x.dtype, lay.shape, lay, "reduce")
+    current().emit(Reduce(out=out, src=x, op=op, dim=dim, keepdims=keepdims, loc=_loc()))
+    return out
+
+
+def sum(x: RegisterTensor, dim: int, keepdims: bool = False) -> RegisterTensor:  # noqa: A001
+    """Sum over ``dim``."""
+    return reduce(x, dim, "sum", keepdims)
+
+
+def max(x: RegisterTensor, dim: int, keepdims: bool = False) -> RegisterTensor:  # noqa: A001
+    """Maximum over ``dim``."""
+    return reduce(x, dim, "max", keepdims)
+
+
+def min(x: RegisterTensor, dim: int, keepdims: bool = False) -> RegisterTensor:  # noqa: A001
+    """Minimum over ``dim``."""
+    return reduce(x, dim, "min", keepdims)
+
+
+def dot(a: RegisterTensor, b: RegisterTensor, c: RegisterTensor,
+        out: RegisterTensor | None = None) -> RegisterTensor:
+    """``a @ b + c`` (f16/bf16 accumulate in f32, int8 in int32); ``out=c`` accumulates."""
+    a, b, c = _tile(a, "dot"), _tile(b, "dot"), _tile(c, "dot")
+    if a.dtype not in DOT_TYPES:
+        raise _fail(f"dot: operand type {a.dtype.name} is not supported; accepted: "
+                    f"{', '.join(t.name for t in DOT_TYPES)}")
+    result = _out_or_new(out, c.dtype, c.shape, c.layout, "dot")
+    current().emit(Dot(out=result, a=a, b=b, c=c, loc=_loc()))
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# control
+
+
+def sync() -> None:
+    """Block-wide barrier."""
+    current().emit(Sync(loc=_loc()))
+
+
+def static_assert(cond: object, message: str = "") -> None:
+    """Check a compile-time condition while the program is built."""
+    value = const_value(cond) if isinstance(cond, Expr) else cond
+    if value is None:
+        raise _fail(f"static_assert: the condition {cond} is not known at compile time")
+    if not value:
+        raise _fail(f"static_assert failed: {message or cond}")
+
+
+def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # noqa: A001
+          unroll: int | None = None) -> Iterator[Var]:
+    """A VM loop (``for k in vm.range(n):``); the body is traced once.
+
+    Use plain Python ``range`` over compile-time values to unroll while tracing.
+    """
+    if stop is None:
+        start, stop = 0, start
+    b = current()
+    loc = _loc()
+    var = Var(b.fresh("i"))
+    b.push()
+    try:
+        yield var
+    except GeneratorExit:
+        b.pop()
+        raise ProgramError("`break` and `return` are not supported inside vm.range loops",
+                           loc) from None
+    body = b.pop()
+    b.append(ForStmt(var, as_expr(start), as_expr(stop), as_expr(step), _empty(body), unroll,
+                     loc))
+
+
+def _empty(body):
+    from lowvm.ir import SeqStmt
+
+    return seq(body) if body else SeqStmt(())
+
+
+@contextlib.contextmanager
+def if_(cond: ExprLike) -> Iterator[None]:
+    """``with vm.if_(cond):`` — a branch on a uniform runtime condition."""
+    b = current()
+    loc = _loc()
+    b.push()
+    yield
+    b.append(IfStmt(as_expr(cond), _empty(b.pop()), None, loc))
+
+
+@contextlib.contextmanager
+def else_() -> Iterator[None]:
+    """``with vm.else_():`` right after a ``with vm.if_(...)`` block."""
+    b = current()
+    stmts = b.stack[-1]
+    if not stmts or not isinstance(stmts[-1], IfStmt) or stmts[-1].else_body is not None:
+        raise _fail("else_: must directly follow a `with vm.if_(...)` block")
+    branch = stmts.pop()
+    b.push()
+    yield
+    stmts.append(IfStmt(branch.cond, branch.then_body, _empty(b.pop()), branch.loc))
+
+
+def let(value: ExprLike, name: str = "v") -> Var:
+    """Bind a uniform scalar once (``k0 = vm.let(k * 64)``) and use the variable."""
+    b = current()
+    var = Var(b.fresh(name))
+    b.append(LetStmt(var, as_expr(value)))
+    return var
+

@@ -1,0 +1,148 @@
+"""``@vm.program``: a Python function that builds a VM program.
+
+Parameters are classified by annotation: ``vm.ptr[dtype]`` is a pointer,
+a data type (``vm.int32``, ``vm.float32``) is a runtime scalar, anything else (or no
+annotation) is a compile-time constant. ``build(**constants)`` traces the function once
+per set of constant values and caches the resulting :class:`~lowvm.ir.Program`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from lowvm.dtypes import DType
+from lowvm.ir import Param, PointerType, Program, ProgramError, SourceLoc
+from lowvm.lang.builder import DEFAULT_MAX_SHARED_BYTES, Builder, Pointer, activate
+
+__all__ = ["program", "ProgramTemplate", "ptr", "constexpr"]
+
+
+class _PointerFactory:
+    """``vm.ptr[vm.float16]`` (or ``vm.ptr(vm.float16)``): a pointer parameter type."""
+
+    def __getitem__(self, dtype: DType | str) -> PointerType:
+        from lowvm.dtypes import dtype as as_dtype
+
+        return PointerType(as_dtype(dtype))
+
+    __call__ = __getitem__
+
+
+ptr = _PointerFactory()
+
+
+class constexpr:  # noqa: N801 - used as an annotation, like typing names
+    """Annotation for a compile-time parameter (the default for unannotated ones)."""
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+class ProgramTemplate:
+    """A ``@vm.program`` function: builds one specialised :class:`Program` per constants."""
+
+    def __init__(self, fn: Callable, warps: int | None, name: str | None,
+                 max_shared_bytes: int) -> None:
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.warps = warps
+        self.max_shared_bytes = max_shared_bytes
+        self.signature = inspect.signature(fn, eval_str=True)
+        self.params: list[Param] = []
+        self.constant_names: list[str] = []
+        for p in self.signature.parameters.values():
+            if isinstance(p.annotation, PointerType):
+                self.params.append(Param(p.name, p.annotation))
+            elif isinstance(p.annotation, DType):
+                self.params.append(Param(p.name, p.annotation))
+            else:
+                self.constant_names.append(p.name)
+        self._cache: dict[Any, Program] = {}
+        self.__doc__ = fn.__doc__
+        self.__name__ = self.name
+
+    def build(self, **constants: Any) -> Program:
+        """Trace the function with these compile-time constants (cached)."""
+        unknown = set(constants) - set(self.constant_names)
+        if unknown:
+            raise ProgramError(
+                f"{self.name}: unknown compile-time parameters {sorted(unknown)}; it takes "
+                f"{self.constant_names or 'none'}"
+            )
+        values: dict[str, Any] = {}
+        for name in self.constant_names:
+            p = self.signature.parameters[name]
+            if name in constants:
+                values[name] = constants[name]
+            elif p.default is not inspect.Parameter.empty:
+                values[name] = p.default
+            else:
+                raise ProgramError(
+                    f"{self.name}: the compile-time parameter {name!r} needs a value: "
+                    f"build({name}=...)"
+                )
+        key = _freeze(values)
+        try:
+            hash(key)
+        except TypeError:
+            key = repr(key)
+        if key not in self._cache:
+            self._cache[key] = self._trace(values)
+        return self._cache[key]
+
+    def _trace(self, constants: dict[str, Any]) -> Program:
+        builder = Builder(self.name, self.warps, self.max_shared_bytes)
+        kwargs: dict[str, Any] = dict(constants)
+        for p in self.params:
+            kwargs[p.name] = Pointer(p.var, p.type.dtype) if p.is_pointer else p.var  # type: ignore[union-attr]
+        previous = activate(builder)
+        try:
+            self.fn(**kwargs)
+        finally:
+            activate(previous)
+        if len(builder.stack) != 1:  # pragma: no cover - guarded by the context managers
+            raise ProgramError(f"{self.name}: unbalanced loop or branch")
+        if builder.grid is None:
+            code = self.fn.__code__
+            raise ProgramError(
+                f"{self.name}: the launch grid is not set; call vm.set_grid(...) in the body",
+                SourceLoc(code.co_filename, code.co_firstlineno),
+            )
+        from lowvm.ir import SeqStmt
+
+        return Program(
+            name=self.name,
+            params=tuple(self.params),
+            grid=builder.grid,
+            num_warps=builder.num_warps or 1,
+            body=SeqStmt(tuple(builder.stack[0])),
+            constants=tuple((k, v) for k, v in constants.items()),
+            shared_bytes=builder.shared_peak,
+        )
+
+    def interpret(self, *args: Any, **constants: Any) -> None:
+        """Build with ``constants`` and run on the CPU interpreter."""
+        from lowvm.interpreter import run_program
+
+        run_program(self.build(**constants), args)
+
+    def __repr__(self) -> str:
+        params = ", ".join(map(str, self.params))
+        return f"<lowvm program {self.name}({params}); constants {self.constant_names}>"
+
+
+def program(fn: Callable | None = None, *, warps: int | None = None, name: str | None = None,
+            max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES):
+    """Decorator: turn a function into a VM program template (see module docstring)."""
+
+    def wrap(f: Callable) -> ProgramTemplate:
+        return ProgramTemplate(f, warps, name, max_shared_bytes)
+
+    return wrap(fn) if fn is not None else wrap
