@@ -5,6 +5,7 @@ give the data types; :mod:`lowvm.layouts` holds the layout algebra.
 """
 
 from lowvm import dtypes, layouts
+from lowvm.compile import CompiledProgram, compile  # noqa: A004
 from lowvm.dtypes import *  # noqa: F403  (every data type constant, dtype(), DType)
 from lowvm.dtypes import __all__ as _dtype_names
 from lowvm.errors import DTypeError, LayoutError, LowvmError
@@ -17,6 +18,8 @@ __all__ = [
     "dtypes",
     "layouts",
     "interpret",
+    "compile",
+    "CompiledProgram",
     "LowvmError",
     "DTypeError",
     "LayoutError",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from lowvm.instructions.base import Instruction, register_instruction
 
 if TYPE_CHECKING:
+    from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
 __all__ = ["Sync"]
@@ -27,3 +28,6 @@ class Sync(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.sync()
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line("__syncthreads();  // sync")

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowvm.expr import Expr
+from lowvm.expr import Expr, const_value
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.interpreter.values import quantize, reinterpret
 from lowvm.ir import RegisterTensor
 from lowvm.layouts import permute
 
 if TYPE_CHECKING:
+    from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
 __all__ = ["RegisterInit", "View", "Cast", "Permute", "Assign", "ThreadIndex"]
@@ -38,7 +39,15 @@ class RegisterInit(Instruction):
         value = st.eval(self.value)
         lay = self.out.layout
         filled = np.full((lay.num_threads, lay.local_size), value)
-        st.set(self.out, quantize(filled, self.out.dtype))
+        st.set(self.out, quantize(filled, self.out.dtype, saturate=False), inst=self)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        value = cg.expr(self.value)
+        is_float = isinstance(const_value(self.value), float)
+        cg.line("#pragma unroll")
+        with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
+            cg.line(cg.set(self.out, "l", value, is_float))
 
 
 @register_instruction
@@ -69,6 +78,11 @@ class View(Instruction):
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, reinterpret(st.get(self.src), self.src.dtype, self.out.dtype))
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        nbytes = -(-self.src.layout.local_size * self.src.dtype.nbits // 8)
+        cg.line(f"memcpy({cg.name(self.out)}, {cg.name(self.src)}, {nbytes});")
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -85,6 +99,12 @@ class Cast(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, quantize(st.get(self.src), self.out.dtype), check_range=False)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        cg.line("#pragma unroll")
+        with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
+            cg.line(cg.set(self.out, "l", cg.get(self.src, "l"), self.src.dtype.is_float))
 
 
 @register_instruction
@@ -103,6 +123,10 @@ class Permute(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, st.get(self.src).copy())
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        cg.line(f"memcpy({cg.name(self.out)}, {cg.name(self.src)}, sizeof({cg.name(self.src)}));")
 
 
 @register_instruction
@@ -125,6 +149,10 @@ class Assign(Instruction):
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, st.get(self.src).copy())
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        cg.line(f"memcpy({cg.name(self.out)}, {cg.name(self.src)}, sizeof({cg.name(self.src)}));")
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -136,3 +164,7 @@ class ThreadIndex(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, np.arange(self.out.layout.num_threads, dtype=np.int64)[:, None])
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        cg.line(f"{cg.name(self.out)}[0] = tid;")

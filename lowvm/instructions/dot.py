@@ -17,6 +17,7 @@ from lowvm.interpreter.values import quantize
 from lowvm.ir import RegisterTensor
 
 if TYPE_CHECKING:
+    from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
 __all__ = ["Dot", "DOT_TYPES"]
@@ -63,4 +64,35 @@ class Dot(Instruction):
         a = st.to_logical(self.a)
         b = st.to_logical(self.b)
         c = st.to_logical(self.c)
-        st.set_logical(self.out, quantize(a @ b + c, self.out.dtype), inst=self)
+        st.set_logical(self.out, quantize(a @ b + c, self.out.dtype, saturate=False), inst=self)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        from lowvm.instructions.reduce import _flat
+
+        cg.line(f"// {self}  (through shared scratch)")
+        (m, k), n = self.a.shape, self.b.shape[1]
+        ctype = cg.compute_type(self.a.dtype)
+        cg.scratch(4 * (m * k + k * n))
+        with cg.block(""):
+            cg.line(f"{ctype}* sa = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
+            cg.line(f"{ctype}* sb = sa + {m * k};")
+            cg.line("__syncthreads();")
+            for tile, buf in ((self.a, "sa"), (self.b, "sb")):
+                cg.line("#pragma unroll")
+                with cg.block(f"for (int l = 0; l < {tile.layout.local_size}; ++l)"):
+                    cg.line(f"{buf}[{_flat(cg, tile.layout, tile.shape)}] = {cg.get(tile, 'l')};")
+            cg.line("__syncthreads();")
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):
+                lay = self.c.layout
+                cg.line(f"const int i = {cg.index(lay, 0)};")
+                cg.line(f"const int j = {cg.index(lay, 1)};")
+                acc_t = "float" if self.c.dtype.is_float else "int"
+                cg.line(f"{acc_t} acc = {cg.get(self.c, 'l')};")
+                with cg.block(f"for (int kk = 0; kk < {k}; ++kk)"):
+                    if acc_t == "float":
+                        cg.line(f"acc = fmaf(sa[i * {k} + kk], sb[kk * {n} + j], acc);")
+                    else:
+                        cg.line(f"acc += sa[i * {k} + kk] * sb[kk * {n} + j];")
+                cg.line(cg.set(self.out, "l", "acc", acc_t == "float"))
+            cg.line("__syncthreads();")

@@ -5,7 +5,7 @@ Out-of-bounds elements of a global tile are masked: loads give 0, stores are ski
 is checked like a race detector: a thread may read a shared element only after the
 write that produced it was made visible (``sync`` after a ``store_shared`` by another
 thread; ``wait_group`` then ``sync`` after a ``copy_async``), and may not overwrite an
-element another thread read since the last ``sync``.
+element another thread read or wrote since the last ``sync``.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
 
 if TYPE_CHECKING:
+    from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
 __all__ = [
@@ -67,6 +68,9 @@ class GlobalView(Instruction):
     def format_args(self) -> str:
         return f"{self.out.pointer} as {self.out.layout}"
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+
 
 def _global_positions(
     st: BlockState, tensor: GlobalTensor, offsets: tuple[Expr, ...], table: np.ndarray
@@ -108,6 +112,10 @@ class LoadGlobal(Instruction):
         values[inside] = st.global_buffer(self.src, self).read(flat[inside])
         st.set(self.out, values)
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        _emit_global_access(cg, self.src, self.offsets, self.out, load=True)
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -131,6 +139,10 @@ class StoreGlobal(Instruction):
         flat, inside = _global_positions(st, self.dst, self.offsets, self.src.layout.table)
         st.global_buffer(self.dst, self).write(flat[inside], st.get(self.src)[inside])
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        _emit_global_access(cg, self.dst, self.offsets, self.src, load=False)
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -151,6 +163,9 @@ class AllocShared(Instruction):
         swz = f" swizzle {lay.swizzle}" if lay.swizzle else ""
         return f"strides {list(lay.strides)}{swz} ({self.out.nbytes} bytes)"
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self} at shared byte {cg.shared_offsets[self.out]}")
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -162,6 +177,9 @@ class FreeShared(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.free_shared(self.tensor, self)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// free_shared %{self.tensor.name}")
 
 
 def _shared_positions(
@@ -204,6 +222,10 @@ class LoadShared(Instruction):
         pos = _shared_positions(self, st, self.src, self.offsets, self.out.layout.table)
         st.set(self.out, st.shared(self.src, self).read(pos, self, st))
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        _emit_shared_access(cg, self.src, self.offsets, self.out, load=True)
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -226,6 +248,10 @@ class StoreShared(Instruction):
     def interpret(self, st: BlockState) -> None:
         pos = _shared_positions(self, st, self.dst, self.offsets, self.src.layout.table)
         st.shared(self.dst, self).write(pos, st.get(self.src), self, st)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        _emit_shared_access(cg, self.dst, self.offsets, self.src, load=False)
 
 
 @register_instruction
@@ -257,6 +283,22 @@ class CopyAsync(Instruction):
         pos = self.dst.layout.offsets().reshape(-1)
         st.shared(self.dst, self).copy_async(pos, values, self, st)
 
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        shape = self.dst.shape
+        total = int(np.prod(shape))
+        threads = cg.program.num_threads
+        with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
+            rest = "e"
+            index = []
+            for d in reversed(range(self.dst.rank)):
+                cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
+                index.insert(0, f"j{d}")
+                rest = f"({rest}) / {shape[d]}"
+            ref, inside = _global_ref(cg, self.src, self.offsets, index)
+            cg.line(f"{cg.shared_ref(self.dst, cg.shared_offset(self.dst, index))} = "
+                    f"({inside}) ? {ref} : {_zero(self.dst.dtype)};")
+
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -267,6 +309,9 @@ class CommitGroup(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.commit_group()
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line("// commit_group (copies are synchronous in this lowering)")
 
 
 @register_instruction
@@ -283,3 +328,60 @@ class WaitGroup(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.wait_group(self.n)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// wait_group {self.n} (copies are synchronous in this lowering)")
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA emission helpers
+
+
+def _zero(dt) -> str:
+    from lowvm.dtypes import bfloat16, float16
+
+    if dt == float16:
+        return "__ushort_as_half(0)"
+    if dt == bfloat16:
+        return "__ushort_as_bfloat16(0)"
+    return "0"
+
+
+def _global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
+                ) -> tuple[str, str]:
+    """(element lvalue, in-bounds condition) of ``offsets + index`` in a global view."""
+    conds, terms = [], []
+    for d, (off, rel) in enumerate(zip(offsets, index)):
+        cg.line(f"const int i{d} = {cg.expr(off)} + {rel};")
+        conds.append(f"i{d} >= 0 && i{d} < {cg.expr(tensor.layout.shape[d])}")
+        terms.append(f"(lowvm_i64)i{d} * {cg.expr(tensor.layout.strides[d])}")
+    return f"{tensor.pointer.name}[{' + '.join(terms)}]", " && ".join(conds)
+
+
+def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: RegisterTensor,
+                        load: bool) -> None:
+    lay = tile.layout
+    cg.line("#pragma unroll")
+    with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
+        index = [cg.index(lay, d) for d in range(lay.rank)]
+        ref, inside = _global_ref(cg, tensor, offsets, index)
+        if load:
+            cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {ref} : {_zero(tile.dtype)};")
+        else:
+            cg.line(f"if ({inside}) {ref} = {cg.raw_get(tile, 'l')};")
+
+
+def _emit_shared_access(cg: CudaContext, tensor: SharedTensor, offsets, tile: RegisterTensor,
+                        load: bool) -> None:
+    lay = tile.layout
+    cg.line("#pragma unroll")
+    with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
+        index = []
+        for d in range(lay.rank):
+            cg.line(f"const int i{d} = {cg.expr(offsets[d])} + {cg.index(lay, d)};")
+            index.append(f"i{d}")
+        ref = cg.shared_ref(tensor, cg.shared_offset(tensor, index))
+        if load:
+            cg.line(f"{cg.raw_get(tile, 'l')} = {ref};")
+        else:
+            cg.line(f"{ref} = {cg.raw_get(tile, 'l')};")

@@ -19,6 +19,7 @@ from lowvm.ir import RegisterTensor
 from lowvm.layouts import reduce as reduce_layout
 
 if TYPE_CHECKING:
+    from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
 __all__ = ["Reduce", "REDUCE_OPS"]
@@ -50,4 +51,50 @@ class Reduce(Instruction):
     def interpret(self, st: BlockState) -> None:
         logical = st.to_logical(self.src)
         result = REDUCE_OPS[self.op](logical, axis=self.dim, keepdims=self.keepdims)
-        st.set_logical(self.out, quantize(np.asarray(result), self.out.dtype), inst=self)
+        result = quantize(np.asarray(result), self.out.dtype, saturate=False)
+        st.set_logical(self.out, result, inst=self)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}  (through shared scratch)")
+        src, out = self.src, self.out
+        ctype = cg.compute_type(src.dtype)
+        cg.scratch(4 * src.layout.size)
+        combine = {"sum": "acc + v", "max": "max(acc, v)", "min": "min(acc, v)"}[self.op]
+        if src.dtype.is_float:
+            combine = {"sum": "acc + v", "max": "fmaxf(acc, v)", "min": "fminf(acc, v)"}[self.op]
+        with cg.block(""):
+            cg.line(f"{ctype}* sc = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
+            cg.line("__syncthreads();")
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int l = 0; l < {src.layout.local_size}; ++l)"):
+                flat = _flat(cg, src.layout, src.shape)
+                cg.line(f"sc[{flat}] = {cg.get(src, 'l')};")
+            cg.line("__syncthreads();")
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int l = 0; l < {out.layout.local_size}; ++l)"):
+                index = []
+                for d in range(src.rank):
+                    if d == self.dim:
+                        index.append("j")
+                    else:
+                        od = d if self.keepdims or d < self.dim else d - 1
+                        index.append(f"({cg.index(out.layout, od)})")
+                flat = " + ".join(f"{i} * {_stride(src.shape, d)}" for d, i in enumerate(index))
+                cg.line(f"{ctype} acc = sc[{flat.replace('j', '0')}];")
+                with cg.block(f"for (int j = 1; j < {src.shape[self.dim]}; ++j)"):
+                    cg.line(f"{ctype} v = sc[{flat}];")
+                    cg.line(f"acc = {combine};")
+                cg.line(cg.set(out, "l", "acc", src.dtype.is_float))
+            cg.line("__syncthreads();")
+
+
+def _stride(shape: tuple[int, ...], dim: int) -> int:
+    stride = 1
+    for s in shape[dim + 1:]:
+        stride *= s
+    return stride
+
+
+def _flat(cg: CudaContext, layout, shape: tuple[int, ...]) -> str:
+    """Row-major flat index of the element a thread holds at local ``l``."""
+    return " + ".join(f"({cg.index(layout, d)}) * {_stride(shape, d)}" for d in range(len(shape)))

@@ -184,6 +184,14 @@ class SharedStorage:
             self._fail(inst, st, conflict, pos,
                        "overwrites shared memory that another thread read since the last "
                        "sync (write-after-read race); add vm.sync() before the write")
+        if threads is not None:
+            written = (self.state[pos] == WRITTEN) & ~(
+                (self.writer_min[pos] == threads) & (self.writer_max[pos] == threads))
+            if written.any():
+                self._fail(inst, st, written, pos,
+                           "overwrites shared memory that another thread wrote since the "
+                           "last sync (write-after-write race); add vm.sync() between the "
+                           "writes")
 
     def write(self, pos: np.ndarray, values: np.ndarray, inst: Instruction,
               st: BlockState) -> None:

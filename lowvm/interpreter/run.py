@@ -11,6 +11,7 @@ import itertools
 from typing import Any
 
 from lowvm.dtypes import DType
+from lowvm.errors import LowvmError
 from lowvm.interpreter.memory import GlobalBuffer, bind_pointer
 from lowvm.interpreter.state import BlockState
 from lowvm.ir import (
@@ -30,7 +31,14 @@ __all__ = ["interpret", "run_program"]
 
 def _execute(stmt: Stmt, st: BlockState) -> None:
     if isinstance(stmt, InstStmt):
-        stmt.inst.interpret(st)
+        try:
+            stmt.inst.interpret(st)
+        except LowvmError as exc:
+            if isinstance(exc, ProgramError) and exc.loc is not None:
+                raise
+            # e.g. a tile read before any instruction wrote it: name the instruction
+            message = exc.message if isinstance(exc, ProgramError) else str(exc)
+            raise st.runtime_error(stmt.inst, message) from None
     elif isinstance(stmt, SeqStmt):
         for s in stmt.stmts:
             _execute(s, st)
@@ -68,7 +76,28 @@ def _scalar(name: str, dt: DType, value: Any) -> int | float:
 
 
 def run_program(program: Program, args: tuple[Any, ...]) -> None:
-    """Execute ``program`` for every block of its grid with ``args`` bound to its params."""
+    """Execute ``program`` for every block of its grid with ``args`` bound to its params.
+
+    Mistakes in the arguments are reported at the caller's line (the ``interpret`` call).
+    """
+    try:
+        env, buffers, grid3 = _bind(program, args)
+    except ProgramError as exc:
+        if exc.loc is not None:
+            raise
+        from lowvm.lang.builder import user_location
+
+        raise ProgramError(exc.message, user_location()) from None
+    for bz, by, bx in itertools.product(range(grid3[2]), range(grid3[1]), range(grid3[0])):
+        block_env = dict(env)
+        block_env.update({"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz,
+                          "gridDim.x": grid3[0], "gridDim.y": grid3[1], "gridDim.z": grid3[2]})
+        _execute(program.body, BlockState(block_env, buffers, (bx, by, bz)))
+
+
+def _bind(program: Program, args: tuple[Any, ...]
+          ) -> tuple[dict[str, int | float], dict[str, GlobalBuffer], list[int]]:
+    """Scalar values, global buffers and the 3-D grid for ``args``."""
     if len(args) != len(program.params):
         names = ", ".join(str(p) for p in program.params)
         raise ProgramError(
@@ -85,12 +114,7 @@ def run_program(program: Program, args: tuple[Any, ...]) -> None:
     grid = [int(BlockState(env, buffers, ()).eval(g)) for g in program.grid]
     if any(g < 0 for g in grid):
         raise ProgramError(f"{program.name}: the grid {grid} has a negative size")
-    grid3 = grid + [1] * (3 - len(grid))
-    for bz, by, bx in itertools.product(range(grid3[2]), range(grid3[1]), range(grid3[0])):
-        block_env = dict(env)
-        block_env.update({"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz,
-                          "gridDim.x": grid3[0], "gridDim.y": grid3[1], "gridDim.z": grid3[2]})
-        _execute(program.body, BlockState(block_env, buffers, (bx, by, bz)))
+    return env, buffers, grid + [1] * (3 - len(grid))
 
 
 def interpret(program: Any, *args: Any, **constants: Any) -> None:
@@ -100,17 +124,19 @@ def interpret(program: Any, *args: Any, **constants: Any) -> None:
     ``constants`` give its compile-time parameters). Pointer arguments are numpy arrays
     or CPU torch tensors, updated in place; scalar arguments are Python numbers.
     """
+    from lowvm.lang.builder import user_location
+
     if not isinstance(program, Program):
         build = getattr(program, "build", None)
         if build is None:
             raise ProgramError(
                 f"interpret: expected a lowvm Program or @vm.program function, got "
-                f"{type(program).__name__}"
+                f"{type(program).__name__}", user_location()
             )
         program = build(**constants)
     elif constants:
         raise ProgramError(
             f"interpret: {program.name} is already built; compile-time constants "
-            f"{sorted(constants)} cannot be given again"
+            f"{sorted(constants)} cannot be given again", user_location()
         )
     run_program(program, args)

@@ -26,10 +26,22 @@ def zeros(shape: tuple[int, ...], dt: DType) -> np.ndarray:
     return np.zeros(shape, dtype=storage_dtype(dt))
 
 
-def quantize(values: np.ndarray, dt: DType) -> np.ndarray:
-    """``values`` rounded to ``dt`` (nearest even, saturating), in storage form."""
+def quantize(values: np.ndarray, dt: DType, saturate: bool = True) -> np.ndarray:
+    """``values`` rounded to ``dt`` (nearest even, saturating), in storage form.
+
+    With ``saturate=False`` integer results are rounded but not clamped, so that
+    :meth:`~lowvm.interpreter.state.BlockState.set` can report the ones that overflow.
+    """
     if dt == BOOL:
         return (np.asarray(values) != 0).astype(np.int64)
+    if not saturate and dt.is_integer:
+        values = np.asarray(values)
+        if values.dtype.kind in "iub":
+            return values.astype(np.int64)
+        # values far outside any integer type (inf, NaN) stay far outside: overflow
+        far = 2.0**62
+        values = np.nan_to_num(values.astype(np.float64), nan=far, posinf=far, neginf=-far)
+        return np.rint(np.clip(values, -far, far)).astype(np.int64)
     out = round_to(values, dt)
     return out if dt.is_float else out.astype(np.int64)
 

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 from lowvm.dtypes import DType
@@ -23,7 +24,7 @@ from lowvm.layouts import RegisterLayout
 if TYPE_CHECKING:
     from lowvm.instructions.base import Instruction
 
-__all__ = ["Builder", "current", "user_location", "Pointer"]
+__all__ = ["Builder", "current", "user_location", "traceback_location", "Pointer"]
 
 _LOWVM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = threading.local()
@@ -43,19 +44,37 @@ class Pointer:
         return self.var.name
 
 
+def _is_user_file(filename: str) -> bool:
+    return not os.path.abspath(filename).startswith(_LOWVM_DIR + os.sep)
+
+
+def _location(filename: str, lineno: int) -> SourceLoc:
+    import linecache
+
+    code = linecache.getline(filename, lineno)
+    name = filename if filename.startswith("<") else os.path.relpath(os.path.abspath(filename))
+    return SourceLoc(name, lineno, code.strip())
+
+
 def user_location() -> SourceLoc | None:
     """The innermost stack frame outside the lowvm package: the line the user wrote."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_LOWVM_DIR + os.sep):
-            import linecache
-
-            code = linecache.getline(filename, frame.f_lineno)
-            return SourceLoc(os.path.relpath(filename) if not filename.startswith("<")
-                             else filename, frame.f_lineno, code.strip())
+        if _is_user_file(frame.f_code.co_filename):
+            return _location(frame.f_code.co_filename, frame.f_lineno)
         frame = frame.f_back
     return None
+
+
+def traceback_location(tb: TracebackType | None) -> SourceLoc | None:
+    """The innermost frame of a traceback outside the lowvm package (where it was raised
+    from the user's point of view)."""
+    found = None
+    while tb is not None:
+        if _is_user_file(tb.tb_frame.f_code.co_filename):
+            found = _location(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
 
 
 class Builder:
@@ -71,6 +90,7 @@ class Builder:
         self.stack: list[list[Stmt]] = [[]]
         self.counter = 0
         self.tiles_created = False
+        self.deferred_error: ProgramError | None = None
 
     # names ----------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -79,20 +99,36 @@ class Builder:
         return f"{hint}{self.counter}"
 
     # statements -----------------------------------------------------------------------
+    def defer(self, error: ProgramError) -> None:
+        """Record an error found where it cannot be raised (a generator being closed).
+
+        It is raised by the next statement the program adds, or when tracing ends.
+        """
+        if self.deferred_error is None:
+            self.deferred_error = error
+
+    def raise_deferred(self) -> None:
+        """Raise the error recorded by :meth:`defer`, if any."""
+        if self.deferred_error is not None:
+            raise self.deferred_error
+
     def emit(self, inst: Instruction) -> Instruction:
         """Check ``inst`` and append it to the current statement list."""
         from lowvm.ir import InstStmt
 
+        self.raise_deferred()
         inst.check()
         self.stack[-1].append(InstStmt(inst))
         return inst
 
     def append(self, stmt: Stmt) -> None:
         """Append a finished statement (a loop or branch)."""
+        self.raise_deferred()
         self.stack[-1].append(stmt)
 
     def push(self) -> None:
         """Open a nested statement list (a loop or branch body)."""
+        self.raise_deferred()
         self.stack.append([])
 
     def pop(self) -> list[Stmt]:

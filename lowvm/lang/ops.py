@@ -476,9 +476,13 @@ def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # 
     try:
         yield var
     except GeneratorExit:
+        # The loop was left early (``break``/``return``). Python closes this generator
+        # when the loop is dropped, where an exception would only be printed as
+        # "ignored": record it; the next VM call or the end of tracing raises it.
         b.pop()
-        raise ProgramError("`break` and `return` are not supported inside vm.range loops",
-                           loc) from None
+        b.defer(ProgramError("`break` and `return` are not supported inside vm.range "
+                             "loops", loc))
+        return
     body = b.pop()
     b.append(ForStmt(var, as_expr(start), as_expr(stop), as_expr(step), _empty(body), unroll,
                      loc))
@@ -492,7 +496,18 @@ def _empty(body):
 
 @contextlib.contextmanager
 def if_(cond: ExprLike) -> Iterator[None]:
-    """``with vm.if_(cond):`` — a branch on a uniform runtime condition."""
+    """``with vm.if_(cond):`` — a branch on a uniform runtime condition.
+
+    ``==`` on runtime values compares expression trees (they are dict keys), so a Python
+    bool here is refused: write ``x.equals(y)`` / ``x.not_equals(y)`` for runtime tests,
+    and a plain Python ``if`` for compile-time ones.
+    """
+    if isinstance(cond, bool):
+        raise _fail(
+            f"if_: the condition is the Python bool {cond}; for a runtime comparison "
+            "write `x.equals(y)` (== compares expressions), for a compile-time one use "
+            "a Python `if`"
+        )
     b = current()
     loc = _loc()
     b.push()

@@ -13,8 +13,16 @@ from collections.abc import Callable
 from typing import Any
 
 from lowvm.dtypes import DType
+from lowvm.errors import LowvmError
 from lowvm.ir import Param, PointerType, Program, ProgramError, SourceLoc
-from lowvm.lang.builder import DEFAULT_MAX_SHARED_BYTES, Builder, Pointer, activate
+from lowvm.lang.builder import (
+    DEFAULT_MAX_SHARED_BYTES,
+    Builder,
+    Pointer,
+    activate,
+    traceback_location,
+    user_location,
+)
 
 __all__ = ["program", "ProgramTemplate", "ptr", "constexpr"]
 
@@ -43,6 +51,27 @@ def _freeze(value: Any) -> Any:
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
     return value
+
+
+def _locate(exc: LowvmError) -> None:
+    """Re-raise an error from tracing with the user's line, if it does not name one.
+
+    Errors from the lower layers (an expression used as a Python ``bool``, a layout or
+    type that cannot be built) do not know which program line caused them; the
+    traceback does.
+    """
+    if isinstance(exc, ProgramError) and exc.loc is not None:
+        raise exc
+    loc = traceback_location(exc.__traceback__)
+    if loc is None:
+        raise exc
+    if isinstance(exc, ProgramError):
+        raise type(exc)(exc.message, loc).with_traceback(exc.__traceback__) from None
+    try:
+        located = type(exc)(f"{loc}\n  {exc}")
+    except Exception:  # an error class with another constructor: leave it as it is
+        raise exc from None
+    raise located.with_traceback(exc.__traceback__) from None
 
 
 class ProgramTemplate:
@@ -74,7 +103,7 @@ class ProgramTemplate:
         if unknown:
             raise ProgramError(
                 f"{self.name}: unknown compile-time parameters {sorted(unknown)}; it takes "
-                f"{self.constant_names or 'none'}"
+                f"{self.constant_names or 'none'}", user_location()
             )
         values: dict[str, Any] = {}
         for name in self.constant_names:
@@ -86,7 +115,7 @@ class ProgramTemplate:
             else:
                 raise ProgramError(
                     f"{self.name}: the compile-time parameter {name!r} needs a value: "
-                    f"build({name}=...)"
+                    f"build({name}=...)", user_location()
                 )
         key = _freeze(values)
         try:
@@ -105,6 +134,9 @@ class ProgramTemplate:
         previous = activate(builder)
         try:
             self.fn(**kwargs)
+            builder.raise_deferred()
+        except LowvmError as exc:
+            _locate(exc)
         finally:
             activate(previous)
         if len(builder.stack) != 1:  # pragma: no cover - guarded by the context managers

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Everything the GPU must prove, in one device call: the `gpu` tests, compute-sanitizer
+# memcheck and racecheck on the quantized matmul, and the launch-overhead benchmark.
+# Run from the repository root on the device: bash benchmarks/gpu_check.sh
+# Full logs go to $OUT (or ./gpu_check_out); a short table is printed last.
+set -uo pipefail
+OUT="${OUT:-gpu_check_out}"
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+python -m pytest -m gpu -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.log"
+tests_rc=$?
+compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python benchmarks/sanitize_target.py \
+  > "$OUT/memcheck.log" 2>&1
+memcheck_rc=$?
+compute-sanitizer --tool racecheck --report-api-errors no --error-exitcode 9 python benchmarks/sanitize_target.py \
+  > "$OUT/racecheck.log" 2>&1
+racecheck_rc=$?
+python benchmarks/launch_overhead.py --out "$OUT/launch_overhead.json" 2>&1 | tee "$OUT/launch.log"
+
+echo
+echo "== gpu_check summary =="
+echo "gpu:        $(cat "$OUT/gpu.txt")"
+echo "pytest -m gpu: $(tail -n 1 "$OUT/pytest_gpu.log")  (exit $tests_rc)"
+echo "memcheck:   $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -n 1)  (exit $memcheck_rc)"
+echo "racecheck:  $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -n 1)  (exit $racecheck_rc)"
+echo "launch:     $(grep -iE 'us|µs' "$OUT/launch.log" | tail -n 2 | tr '\n' ' ')"

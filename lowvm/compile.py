@@ -1,0 +1,89 @@
+"""Python VM program -> running CUDA kernel: generate, compile (cached), load, launch.
+
+``lowvm.compile(program, **constants)`` returns a :class:`CompiledProgram` whose
+``source`` is the generated CUDA and which launches like a function with torch tensors.
+``LOWVM_DEBUG=1`` prints the VM program, ``2`` also the CUDA source, ``3`` also the
+compiler's resource report.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lowvm.codegen import CudaSource, generate_cuda
+from lowvm.expr import evaluate
+from lowvm.ir import PointerType, Program, ProgramError
+
+__all__ = ["CompiledProgram", "compile", "current_arch"]
+
+
+def current_arch() -> str:
+    """``sm_XY`` of the current CUDA device (an error without one)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ProgramError("no CUDA device: pass arch='sm_80' (or another) to compile only")
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+class CompiledProgram:
+    """A program's CUDA source, its cubin, and a launcher taking the runtime arguments."""
+
+    def __init__(self, program: Program, cuda: CudaSource, arch: str, cubin: bytes) -> None:
+        from lowvm.runtime import Kernel
+
+        self.program, self.cuda, self.arch, self.cubin = program, cuda, arch, cubin
+        specs = [
+            (p.name, "pointer" if isinstance(p.type, PointerType) else "scalar",
+             p.type.dtype if isinstance(p.type, PointerType) else p.type)
+            for p in program.params
+        ]
+        self.kernel = Kernel(cubin, cuda.kernel_name, cuda.num_threads, cuda.shared_bytes, specs)
+        self._scalars = [(i, p.name) for i, p in enumerate(program.params)
+                         if not isinstance(p.type, PointerType)]
+
+    @property
+    def source(self) -> str:
+        """The generated CUDA C++."""
+        return self.cuda.source
+
+    def grid(self, args: tuple[Any, ...]) -> tuple[int, int, int]:
+        """The launch grid for these runtime arguments."""
+        env = {name: args[i] for i, name in self._scalars}
+        dims = [int(evaluate(g, env)) for g in self.program.grid]
+        return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+
+    def __call__(self, *args: Any, stream: Any = None) -> None:
+        """Launch on torch's current stream (or ``stream``) with these arguments."""
+        if len(args) != len(self.program.params):
+            names = ", ".join(str(p) for p in self.program.params)
+            raise ProgramError(f"{self.program.name} takes {len(self.program.params)} "
+                               f"arguments ({names}), got {len(args)}")
+        self.kernel.launch(self.grid(args), args, stream=stream)
+
+
+def compile(program: Any, arch: str | None = None, compiler: str = "auto",  # noqa: A001
+            **constants: Any) -> CompiledProgram:
+    """Generate, compile (disk-cached) and wrap a program for launching."""
+    from lowvm.runtime import cached_cubin
+
+    if not isinstance(program, Program):
+        program = program.build(**constants)
+    elif constants:
+        raise ProgramError(f"{program.name} is already built; constants {sorted(constants)} "
+                           "cannot be given again")
+    debug = int(os.environ.get("LOWVM_DEBUG", "0") or 0)
+    if debug >= 1:
+        print(program)
+    cuda = generate_cuda(program)
+    if debug >= 2:
+        print(cuda.source)
+    arch = arch or current_arch()
+    cubin = cached_cubin(cuda.source, arch, compiler)
+    if debug >= 3:
+        from lowvm.runtime import resource_usage
+
+        print(resource_usage(cuda.source, arch))
+    return CompiledProgram(program, cuda, arch, cubin)

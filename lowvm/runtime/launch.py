@@ -1,0 +1,305 @@
+"""Launching a compiled cubin's kernel on torch tensors, checked and cheap on the host.
+
+A decode step of an LLM launches hundreds of small kernels, so the host time of one
+launch is a cost paid on every token; :class:`Kernel` keeps it to the argument checks and
+one ``cuLaunchKernel``. Everything that can be worked out once is: the ctypes types
+tuple cuda-python packs the arguments with, one converter per parameter (see
+:mod:`lowvm.runtime.params`), the ``CUfunction`` per device (loaded on first use, then a
+dict lookup). A launch neither synchronises nor allocates, so it can be recorded inside
+``torch.cuda.graph`` and replayed; load the kernel (``Kernel.load()`` or one launch)
+before capturing, since loading a module is not a stream operation.
+
+The CUDA context is PyTorch's (the device's primary context), so kernels run on torch's
+current stream and read torch tensors directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cuda.bindings import driver as cu
+
+from lowvm.runtime import driver as _drv
+from lowvm.runtime.errors import CudaDriverError, LaunchError
+from lowvm.runtime.params import (
+    ParamSpec,
+    ctypes_type_for,
+    make_converter,
+    normalize_params,
+)
+
+__all__ = ["Kernel", "DEFAULT_SHARED_LIMIT", "MAX_BLOCK_THREADS"]
+
+DEFAULT_SHARED_LIMIT = 48 * 1024
+"""Dynamic shared memory a kernel may use without raising its limit by attribute."""
+MAX_BLOCK_THREADS = 1024
+_MAX_GRID_X, _MAX_GRID_YZ = 2**31 - 1, 65535
+_GRID_LIMITS = (_MAX_GRID_X, _MAX_GRID_YZ, _MAX_GRID_YZ)
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+_INVALID_CONTEXT = cu.CUresult.CUDA_ERROR_INVALID_CONTEXT
+_INVALID_VALUE = cu.CUresult.CUDA_ERROR_INVALID_VALUE
+_PARAM_SIZE = {"pointer": 8, "scalar": 4}
+# torch's current-device and current-stream getters, fetched on the first launch (torch's
+# CUDA state must be initialised first); a list so the hot path reads a local, not a dict.
+_host_fns: list[Any] = [None, None]
+
+
+class Kernel:
+    """One ``__global__`` function of a cubin, with its launch shape and parameters.
+
+    ``cubin`` is the compiled image (see :func:`~lowvm.runtime.compiler.compile_cubin`),
+    ``name`` the kernel's symbol (declare it ``extern "C"`` to avoid mangling),
+    ``block_threads`` the 1-D block size, ``dynamic_shared_bytes`` the dynamic shared
+    memory per block (above 48 KiB the function's limit is raised when it loads) and
+    ``params`` one :class:`~lowvm.runtime.params.ParamSpec` (or ``(name, kind, dtype)``
+    tuple) per kernel parameter, in order.
+
+    Nothing touches the GPU until the first :meth:`launch` or :meth:`load`, so a Kernel
+    can be built and its arguments checked (:meth:`check_args`) on a machine without one.
+    """
+
+    def __init__(
+        self,
+        cubin: bytes,
+        name: str,
+        block_threads: int,
+        dynamic_shared_bytes: int = 0,
+        params: Sequence[ParamSpec | tuple[str, str, Any]] = (),
+    ) -> None:
+        if not isinstance(cubin, (bytes, bytearray)) or not cubin:
+            raise LaunchError(
+                f"Kernel: cubin must be the non-empty bytes of a compiled image "
+                f"(compile_cubin's result), got {type(cubin).__name__} of "
+                f"{len(cubin) if hasattr(cubin, '__len__') else '?'} bytes"
+            )
+        if not isinstance(name, str) or not name:
+            raise LaunchError(f"Kernel: name must be the kernel's symbol name, got {name!r}")
+        if (
+            type(block_threads) is not int
+            or not 1 <= block_threads <= MAX_BLOCK_THREADS
+        ):
+            raise LaunchError(
+                f"Kernel {name!r}: block_threads must be an int in [1, {MAX_BLOCK_THREADS}], "
+                f"got {block_threads!r}"
+            )
+        if type(dynamic_shared_bytes) is not int or dynamic_shared_bytes < 0:
+            raise LaunchError(
+                f"Kernel {name!r}: dynamic_shared_bytes must be an int >= 0, "
+                f"got {dynamic_shared_bytes!r}"
+            )
+        self._cubin = bytes(cubin)
+        self._name = name
+        self._block = block_threads
+        self._smem = dynamic_shared_bytes
+        self._params = normalize_params(params)
+        self._nparams = len(self._params)
+        self._converters = tuple(make_converter(name, p) for p in self._params)
+        self._types = tuple(ctypes_type_for(p) for p in self._params)
+        self._modules: dict[int, Any] = {}  # device index -> CUmodule
+        self._functions: dict[int, Any] = {}  # device index -> CUfunction
+
+    # -- description -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def block_threads(self) -> int:
+        return self._block
+
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        return self._smem
+
+    @property
+    def params(self) -> tuple[ParamSpec, ...]:
+        return self._params
+
+    @property
+    def cubin(self) -> bytes:
+        return self._cubin
+
+    def __repr__(self) -> str:
+        params = ", ".join(str(p) for p in self._params)
+        return (
+            f"Kernel({self._name!r}, block_threads={self._block}, "
+            f"dynamic_shared_bytes={self._smem}, params=[{params}])"
+        )
+
+    # -- argument checks (no GPU needed) -----------------------------------------------
+
+    def check_args(self, args: Sequence[Any], device: int | None = None) -> tuple[Any, ...]:
+        """Check ``args`` against the parameters; return the values the launch passes.
+
+        Pointer arguments become int addresses, scalars Python ints/floats. ``device`` is
+        the CUDA device index tensors must live on (None: any CUDA device). Raises
+        :class:`~lowvm.runtime.errors.LaunchError` naming the first bad argument.
+        """
+        if len(args) != self._nparams:
+            raise LaunchError(
+                f"Kernel {self._name!r}: expected {self._nparams} arguments "
+                f"({', '.join(p.name for p in self._params) or 'none'}), got {len(args)}"
+            )
+        return tuple([conv(a, device) for conv, a in zip(self._converters, args)])
+
+    @staticmethod
+    def _check_grid(grid: Any) -> tuple[int, int, int]:
+        if type(grid) is tuple and len(grid) == 3:  # the fast path: a tuple of 3 ints
+            gx, gy, gz = grid
+            if (
+                type(gx) is int
+                and type(gy) is int
+                and type(gz) is int
+                and 0 <= gx <= _MAX_GRID_X
+                and 0 <= gy <= _MAX_GRID_YZ
+                and 0 <= gz <= _MAX_GRID_YZ
+            ):
+                return grid
+        if isinstance(grid, Sequence) and not isinstance(grid, (str, bytes)) and len(grid) == 3:
+            dims = tuple(grid)
+            if all(type(g) is int and 0 <= g <= lim for g, lim in zip(dims, _GRID_LIMITS)):
+                return dims  # type: ignore[return-value]
+        raise LaunchError(
+            f"Kernel.launch: grid must be a tuple of 3 ints (x, y, z) with 0 <= x <= "
+            f"{_GRID_LIMITS[0]} and 0 <= y, z <= {_GRID_LIMITS[1]} (a 0 launches nothing), "
+            f"got {grid!r}"
+        )
+
+    # -- loading ---------------------------------------------------------------------------
+
+    def load(self, device: int | None = None) -> None:
+        """Load the module on ``device`` (default: torch's current device) if not yet loaded."""
+        dev = _drv.current_device() if device is None else device
+        if dev not in self._functions:
+            self._load(dev)
+
+    def _load(self, device: int) -> Any:
+        _drv.ensure_context(device)
+        module = _drv.check(cu.cuModuleLoadData(self._cubin), f"cuModuleLoadData({self._name!r})")
+        try:
+            fn = _drv.check(
+                cu.cuModuleGetFunction(module, self._name.encode()),
+                f"cuModuleGetFunction(module, {self._name!r}) (is the kernel extern \"C\"?)",
+            )
+            self._configure(fn, device)
+        except BaseException:
+            cu.cuModuleUnload(module)
+            raise
+        self._modules[device] = module
+        self._functions[device] = fn
+        return fn
+
+    def _configure(self, fn: Any, device: int) -> None:
+        attr = cu.CUfunction_attribute
+        max_threads = _drv.check(
+            cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn),
+            "cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)",
+        )
+        if self._block > max_threads:
+            raise LaunchError(
+                f"Kernel {self._name!r}: block_threads={self._block} exceeds the "
+                f"{max_threads} threads per block the compiled kernel allows on cuda:{device} "
+                f"(__launch_bounds__ or registers); accepted: at most {max_threads}"
+            )
+        if self._smem > DEFAULT_SHARED_LIMIT:
+            _drv.check(
+                cu.cuFuncSetAttribute(
+                    fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self._smem
+                ),
+                f"cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES, {self._smem}) for "
+                f"{self._name!r} on cuda:{device} (more than the device's opt-in limit?)",
+            )
+        self._check_param_layout(fn)
+
+    def _check_param_layout(self, fn: Any) -> None:
+        """Compare the declared parameters with the kernel image's, where the driver says.
+
+        ``cuFuncGetParamInfo`` (CUDA 12.4+) gives each parameter's size and fails with
+        CUDA_ERROR_INVALID_VALUE one past the last; any other failure means the query is
+        unsupported and the check is skipped.
+        """
+        get_info = getattr(cu, "cuFuncGetParamInfo", None)
+        if get_info is None:
+            return
+        sizes: list[int] = []
+        for index in range(self._nparams + 1):
+            result = get_info(fn, index)
+            if result[0] == _INVALID_VALUE:
+                break
+            if result[0] != _SUCCESS:
+                return
+            sizes.append(int(result[2]))
+        want = [_PARAM_SIZE[p.kind] for p in self._params]
+        if sizes != want:
+            more = "more than " if len(sizes) > self._nparams else ""
+            raise LaunchError(
+                f"Kernel {self._name!r}: params declare {len(want)} parameters of sizes "
+                f"{want} bytes ({', '.join(str(p) for p in self._params) or 'none'}), but "
+                f"the compiled kernel takes {more}{len(sizes[: self._nparams])} of sizes "
+                f"{sizes[: self._nparams]}{'...' if more else ''}"
+            )
+
+    # -- launching -------------------------------------------------------------------------
+
+    def launch(self, grid: tuple[int, int, int], args: Sequence[Any], stream: Any = None) -> None:
+        """Launch on ``grid`` blocks with ``args``, on ``stream`` or torch's current stream.
+
+        Checks the grid and every argument first (LaunchError names the bad one); a grid
+        with a 0 launches nothing. Asynchronous, allocation-free and graph-capturable.
+        """
+        if type(grid) is tuple and len(grid) == 3:  # inlined fast path of _check_grid
+            gx, gy, gz = grid
+            if not (
+                type(gx) is int
+                and type(gy) is int
+                and type(gz) is int
+                and 0 <= gx <= _MAX_GRID_X
+                and 0 <= gy <= _MAX_GRID_YZ
+                and 0 <= gz <= _MAX_GRID_YZ
+            ):
+                gx, gy, gz = self._check_grid(grid)
+        else:
+            gx, gy, gz = self._check_grid(grid)
+        get_device = _host_fns[0]
+        if get_device is None:
+            _host_fns[:] = [_drv.device_getter(), _drv.raw_stream_getter()]
+            get_device = _host_fns[0]
+        device = get_device()
+        if len(args) != self._nparams:
+            self.check_args(args, device)  # raises, naming the parameters
+        values = tuple([conv(a, device) for conv, a in zip(self._converters, args)])
+        if not (gx and gy and gz):
+            return
+        fn = self._functions.get(device)
+        if fn is None:
+            fn = self._load(device)
+        if stream is None:
+            handle = _host_fns[1](device)
+        else:
+            handle = _drv.stream_handle(stream)
+        params = (values, self._types)
+        (err,) = cu.cuLaunchKernel(
+            fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
+        )
+        if err:
+            if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
+                _drv.ensure_context(device)
+                (err,) = cu.cuLaunchKernel(
+                    fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
+                )
+            if err:
+                raise CudaDriverError(
+                    f"cuLaunchKernel({self._name!r}, grid=({gx}, {gy}, {gz}), "
+                    f"block={self._block}, dynamic_shared_bytes={self._smem}) failed with "
+                    f"{_drv.error_name(err)}"
+                )
+
+    __call__ = launch
+
+    def unload(self) -> None:
+        """Unload the module from every device it was loaded on (the next launch reloads)."""
+        modules, self._modules, self._functions = self._modules, {}, {}
+        for module in modules.values():
+            cu.cuModuleUnload(module)

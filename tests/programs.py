@@ -1,0 +1,22 @@
+"""The example programs with the constants the codegen and GPU tests build them with."""
+
+from __future__ import annotations
+
+import lowvm
+from kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
+from kernels.matmul_f16 import matmul_f16
+from kernels.quant_matmul import quant_matmul
+from kernels.vector_add import vector_add
+
+EXAMPLES = {
+    "vector_add": (vector_add, {}),
+    "pack_int3": (pack_lowbit, {"wtype": lowvm.int3}),
+    "pack_e3m2": (pack_lowbit, {"wtype": lowvm.float6_e3m2}),
+    "unpack_uint5": (unpack_lowbit, {"wtype": lowvm.uint5}),
+    "unpack_e4m3": (unpack_lowbit, {"wtype": lowvm.float8_e4m3}),
+    "cast_e2m1": (cast_roundtrip, {"wtype": lowvm.float4_e2m1}),
+    "matmul_f16": (matmul_f16, {}),
+    "quant_matmul_int4": (quant_matmul, {"wtype": lowvm.int4, "group": 64}),
+    "quant_matmul_int3": (quant_matmul, {"wtype": lowvm.int3, "group": 128}),
+    "quant_matmul_e3m2": (quant_matmul, {"wtype": lowvm.float6_e3m2, "group": 64}),
+}
