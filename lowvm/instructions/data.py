@@ -107,19 +107,11 @@ class Cast(Instruction):
             cg.line(cg.set(self.out, "l", cg.get(self.src, "l"), self.src.dtype.is_float))
 
 
-@register_instruction
-@dataclass(frozen=True, eq=False, kw_only=True)
-class Permute(Instruction):
-    """Reorder the dims of a tile; each thread keeps its registers (free on the GPU)."""
+class _SameRegisters:
+    """Instructions whose result is the source's registers, unchanged, in every thread."""
 
-    mnemonic = "permute"
     out: RegisterTensor
     src: RegisterTensor
-    dims: tuple[int, ...]
-
-    def check(self) -> None:
-        if self.out.layout != permute(self.src.layout, self.dims):
-            raise self.error("the result layout must be the permuted source layout")
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, st.get(self.src).copy())
@@ -131,7 +123,23 @@ class Permute(Instruction):
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
-class Assign(Instruction):
+class Permute(_SameRegisters, Instruction):
+    """Reorder the dims of a tile; each thread keeps its registers (free on the GPU)."""
+
+    mnemonic = "permute"
+    out: RegisterTensor
+    src: RegisterTensor
+    dims: tuple[int, ...]
+
+    def check(self) -> None:
+        if self.out.layout != permute(self.src.layout, self.dims):
+            raise self.error("the result layout must be the permuted source layout")
+
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Assign(_SameRegisters, Instruction):
     """Copy ``src`` into the existing tile ``out`` (same type, shape and layout)."""
 
     mnemonic = "assign"
@@ -146,12 +154,6 @@ class Assign(Instruction):
                 "must match"
             )
 
-    def interpret(self, st: BlockState) -> None:
-        st.set(self.out, st.get(self.src).copy())
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        cg.line(f"memcpy({cg.name(self.out)}, {cg.name(self.src)}, sizeof({cg.name(self.src)}));")
 
 
 @register_instruction
