@@ -19,7 +19,7 @@ import lowvm.lang as vm
 from kernels.mma_tiling import block_mma_layouts
 from lowvm.dtypes import DType, decode, encode, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.layouts import reduce
+from lowvm.layouts import permute, reduce
 
 _THREADS_PER_ROW = 2
 
@@ -67,18 +67,13 @@ def quant_matmul(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
         vm.wait_group(0)
         vm.sync()
         tile_x = vm.load_shared(sx, lay.a)
-        tile_w = vm.transpose(vm.load_shared(sw, _transposed(lay.b)))
+        tile_w = vm.transpose(vm.load_shared(sw, permute(lay.b, [1, 0])))
         vm.dot(tile_x, tile_w, acc, out=acc)
         vm.sync()
     vm.store_global(gy, vm.cast(acc, vm.float16), [row0, col0])
     vm.free_shared(sx)
     vm.free_shared(sw)
 
-
-def _transposed(layout):
-    from lowvm.layouts import permute
-
-    return permute(layout, [1, 0])
 
 
 # ---------------------------------------------------------------------------------------

@@ -190,6 +190,16 @@ class CudaContext:
                 stride *= size
         return " + ".join(terms) if terms else "0"
 
+    @staticmethod
+    def row_major_stride(shape: tuple[int, ...], dim: int) -> int:
+        """Elements between neighbours along ``dim`` of a row-major ``shape``."""
+        return math.prod(shape[dim + 1:])
+
+    def flat_index(self, layout: RegisterLayout, shape: tuple[int, ...]) -> str:
+        """C expression of the row-major flat index held at (``tid``, ``l``)."""
+        return " + ".join(f"({self.index(layout, d)}) * {self.row_major_stride(shape, d)}"
+                          for d in range(len(shape)))
+
     # shared memory ------------------------------------------------------------------
     def shared_ref(self, tensor: SharedTensor, offset: str) -> str:
         """An lvalue for element ``offset`` (after swizzle) of a shared tile."""

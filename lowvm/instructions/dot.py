@@ -67,8 +67,6 @@ class Dot(Instruction):
         st.set_logical(self.out, quantize(a @ b + c, self.out.dtype, saturate=False), inst=self)
 
     def emit_cuda(self, cg: CudaContext) -> None:
-        from lowvm.instructions.reduce import _flat
-
         cg.line(f"// {self}  (through shared scratch)")
         (m, k), n = self.a.shape, self.b.shape[1]
         ctype = cg.compute_type(self.a.dtype)
@@ -80,7 +78,8 @@ class Dot(Instruction):
             for tile, buf in ((self.a, "sa"), (self.b, "sb")):
                 cg.line("#pragma unroll")
                 with cg.block(f"for (int l = 0; l < {tile.layout.local_size}; ++l)"):
-                    cg.line(f"{buf}[{_flat(cg, tile.layout, tile.shape)}] = {cg.get(tile, 'l')};")
+                    flat = cg.flat_index(tile.layout, tile.shape)
+                    cg.line(f"{buf}[{flat}] = {cg.get(tile, 'l')};")
             cg.line("__syncthreads();")
             cg.line("#pragma unroll")
             with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):

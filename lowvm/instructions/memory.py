@@ -190,7 +190,8 @@ def _shared_positions(
     for d, size in enumerate(tensor.shape):
         bad = (index[..., d] < 0) | (index[..., d] >= size)
         if bad.any():
-            where = tuple(int(v) for v in index[np.argwhere(bad)[0][0], np.argwhere(bad)[0][1]])
+            t, loc = np.argwhere(bad)[0]
+            where = tuple(int(v) for v in index[t, loc])
             raise st.runtime_error(
                 inst, f"index {where} is outside the shared tile %{tensor.name} of shape "
                 f"{list(tensor.shape)}"

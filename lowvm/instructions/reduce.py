@@ -67,7 +67,7 @@ class Reduce(Instruction):
             cg.line("__syncthreads();")
             cg.line("#pragma unroll")
             with cg.block(f"for (int l = 0; l < {src.layout.local_size}; ++l)"):
-                flat = _flat(cg, src.layout, src.shape)
+                flat = cg.flat_index(src.layout, src.shape)
                 cg.line(f"sc[{flat}] = {cg.get(src, 'l')};")
             cg.line("__syncthreads();")
             cg.line("#pragma unroll")
@@ -79,7 +79,8 @@ class Reduce(Instruction):
                     else:
                         od = d if self.keepdims or d < self.dim else d - 1
                         index.append(f"({cg.index(out.layout, od)})")
-                flat = " + ".join(f"{i} * {_stride(src.shape, d)}" for d, i in enumerate(index))
+                flat = " + ".join(f"{i} * {cg.row_major_stride(src.shape, d)}"
+                                  for d, i in enumerate(index))
                 cg.line(f"{ctype} acc = sc[{flat.replace('j', '0')}];")
                 with cg.block(f"for (int j = 1; j < {src.shape[self.dim]}; ++j)"):
                     cg.line(f"{ctype} v = sc[{flat}];")
@@ -87,14 +88,3 @@ class Reduce(Instruction):
                 cg.line(cg.set(out, "l", "acc", src.dtype.is_float))
             cg.line("__syncthreads();")
 
-
-def _stride(shape: tuple[int, ...], dim: int) -> int:
-    stride = 1
-    for s in shape[dim + 1:]:
-        stride *= s
-    return stride
-
-
-def _flat(cg: CudaContext, layout, shape: tuple[int, ...]) -> str:
-    """Row-major flat index of the element a thread holds at local ``l``."""
-    return " + ".join(f"({cg.index(layout, d)}) * {_stride(shape, d)}" for d in range(len(shape)))

@@ -484,14 +484,8 @@ def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # 
                              "loops", loc))
         return
     body = b.pop()
-    b.append(ForStmt(var, as_expr(start), as_expr(stop), as_expr(step), _empty(body), unroll,
+    b.append(ForStmt(var, as_expr(start), as_expr(stop), as_expr(step), seq(body), unroll,
                      loc))
-
-
-def _empty(body):
-    from lowvm.ir import SeqStmt
-
-    return seq(body) if body else SeqStmt(())
 
 
 @contextlib.contextmanager
@@ -512,7 +506,7 @@ def if_(cond: ExprLike) -> Iterator[None]:
     loc = _loc()
     b.push()
     yield
-    b.append(IfStmt(as_expr(cond), _empty(b.pop()), None, loc))
+    b.append(IfStmt(as_expr(cond), seq(b.pop()), None, loc))
 
 
 @contextlib.contextmanager
@@ -525,7 +519,7 @@ def else_() -> Iterator[None]:
     branch = stmts.pop()
     b.push()
     yield
-    stmts.append(IfStmt(branch.cond, branch.then_body, _empty(b.pop()), branch.loc))
+    stmts.append(IfStmt(branch.cond, branch.then_body, seq(b.pop()), branch.loc))
 
 
 def let(value: ExprLike, name: str = "v") -> Var:
