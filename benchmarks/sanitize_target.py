@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 import lowvm
-from kernels.quant_matmul import quant_matmul, quantize_weights
+from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 
 m, n, k, group = 17, 128, 256, 64
 rng = np.random.default_rng(0)

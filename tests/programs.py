@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import lowvm
-from kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
-from kernels.matmul_f16 import matmul_f16
-from kernels.quant_matmul import quant_matmul
-from kernels.vector_add import vector_add
+from lowvm.kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
+from lowvm.kernels.matmul_f16 import matmul_f16
+from lowvm.kernels.quant_matmul import quant_matmul
+from lowvm.kernels.vector_add import vector_add
 
 EXAMPLES = {
     "vector_add": (vector_add, {}),

@@ -41,7 +41,7 @@ def test_compiles_without_spills(name, arch):
 
 
 def test_shared_tiles_reuse_freed_space():
-    from kernels.matmul_f16 import matmul_f16
+    from lowvm.kernels.matmul_f16 import matmul_f16
 
     program = matmul_f16.build(bm=64, bn=64, bk=32)
     offsets, total = allocate_shared(program)

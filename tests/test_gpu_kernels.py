@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 import lowvm
-from kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
-from kernels.matmul_f16 import matmul_f16
-from kernels.quant_matmul import dequantize_weights, quant_matmul, quantize_weights
-from kernels.vector_add import vector_add
 from lowvm.dtypes import all_dtypes
+from lowvm.kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
+from lowvm.kernels.matmul_f16 import matmul_f16
+from lowvm.kernels.quant_matmul import dequantize_weights, quant_matmul, quantize_weights
+from lowvm.kernels.vector_add import vector_add
 
 pytestmark = pytest.mark.gpu
 LOW_BIT = [d for d in all_dtypes() if d.nbits <= 8]

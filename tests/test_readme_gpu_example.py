@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import lowvm
-from kernels.vector_add import vector_add
+from lowvm.kernels.vector_add import vector_add
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

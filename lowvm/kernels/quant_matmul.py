@@ -16,9 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 import lowvm.lang as vm
-from kernels.mma_tiling import block_mma_layouts
 from lowvm.dtypes import DType, decode, encode, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.layouts import permute, reduce
 
 _THREADS_PER_ROW = 2
