@@ -182,16 +182,40 @@ class FreeShared(Instruction):
         cg.line(f"// free_shared %{self.tensor.name}")
 
 
+def _check_shared_tile(inst: Instruction, tensor: SharedTensor, offsets: tuple[Expr, ...],
+                       tile_shape: tuple[int, ...], what: str = "tile") -> None:
+    """Rank-reducing access: ``offsets`` has the shared rank, the tile at most that rank
+    and its sizes fit the shared tensor's trailing dims."""
+    _check_offsets(inst, offsets, tensor.rank, "shared tensor")
+    lead = tensor.rank - len(tile_shape)
+    if lead < 0:
+        raise inst.error(
+            f"the rank-{len(tile_shape)} {what} {list(tile_shape)} has more dims than the "
+            f"rank-{tensor.rank} shared tile %{tensor.name}; accepted: a {what} of rank <= "
+            f"{tensor.rank} (leading shared dims are selected by offset)")
+    if any(t > s for t, s in zip(tile_shape, tensor.shape[lead:])):
+        raise inst.error(
+            f"the {what} {list(tile_shape)} does not fit the trailing dims "
+            f"{list(tensor.shape[lead:])} of %{tensor.name} {list(tensor.shape)}")
+
+
+def _shared_index(st: BlockState, tensor: SharedTensor, offsets, table: np.ndarray
+                  ) -> np.ndarray:
+    """Shared indices ``offsets[:lead] + (offsets[lead:] + table)`` (``table[..., r_t]``)."""
+    start = np.array([int(st.eval(o)) for o in offsets], dtype=np.int64)
+    lead = tensor.rank - table.shape[-1]
+    fixed = np.broadcast_to(start[:lead], table.shape[:-1] + (lead,))
+    return np.concatenate([fixed, table + start[lead:]], axis=-1)
+
+
 def _shared_positions(
     inst: Instruction, st: BlockState, tensor: SharedTensor, offsets, table: np.ndarray
 ) -> np.ndarray:
-    start = np.array([int(st.eval(o)) for o in offsets], dtype=np.int64)
-    index = table + start
+    index = _shared_index(st, tensor, offsets, table)
     for d, size in enumerate(tensor.shape):
         bad = (index[..., d] < 0) | (index[..., d] >= size)
         if bad.any():
-            t, loc = np.argwhere(bad)[0]
-            where = tuple(int(v) for v in index[t, loc])
+            where = tuple(int(v) for v in index[tuple(np.argwhere(bad)[0])])
             raise st.runtime_error(
                 inst, f"index {where} is outside the shared tile %{tensor.name} of shape "
                 f"{list(tensor.shape)}"
@@ -204,7 +228,11 @@ def _shared_positions(
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
 class LoadShared(Instruction):
-    """Load the tile at ``offsets`` of a shared tensor into registers."""
+    """Load the tile at ``offsets`` of a shared tensor into registers.
+
+    The tile may have fewer dims than the shared tensor: its index ``j`` reads
+    ``offsets[:lead] + (offsets[lead:] + j)`` (leading dims selected by offset only).
+    """
 
     mnemonic = "load_shared"
     out: RegisterTensor
@@ -212,7 +240,7 @@ class LoadShared(Instruction):
     offsets: tuple[Expr, ...]
 
     def check(self) -> None:
-        _check_offsets(self, self.offsets, self.src.rank, "shared tensor")
+        _check_shared_tile(self, self.src, self.offsets, self.out.shape)
         if self.out.dtype != self.src.dtype:
             raise self.error(
                 f"loading {self.src.dtype.name} from %{self.src.name} into a "
@@ -231,7 +259,7 @@ class LoadShared(Instruction):
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
 class StoreShared(Instruction):
-    """Store a register tile at ``offsets`` of a shared tensor."""
+    """Store a register tile at ``offsets`` of a shared tensor (rank-reducing as a load)."""
 
     mnemonic = "store_shared"
     dst: SharedTensor
@@ -239,7 +267,7 @@ class StoreShared(Instruction):
     offsets: tuple[Expr, ...]
 
     def check(self) -> None:
-        _check_offsets(self, self.offsets, self.dst.rank, "shared tensor")
+        _check_shared_tile(self, self.dst, self.offsets, self.src.shape)
         if self.src.dtype != self.dst.dtype:
             raise self.error(
                 f"storing a {self.src.dtype.name} tile into {self.dst.dtype.name} "
@@ -258,15 +286,37 @@ class StoreShared(Instruction):
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
 class CopyAsync(Instruction):
-    """Start copying the global tile at ``offsets`` into the whole shared tile ``dst``.
+    """Start copying the global tile of ``shape`` at ``offsets`` into ``dst`` at ``dst_offsets``.
 
-    The data is usable only after ``commit_group``, ``wait_group`` and ``sync``.
+    ``shape`` has the global tensor's rank (default: ``dst``'s trailing dims, i.e. all of
+    ``dst`` when the ranks agree); ``dst_offsets`` has ``dst``'s rank (default zeros).
+    Tile index ``j`` lands at ``dst_offsets[:lead] + (dst_offsets[lead:] + j)``: leading
+    dims of ``dst`` (a pipeline's stage, say) are selected by offset only. The data is
+    usable only after ``commit_group``, ``wait_group`` and ``sync``.
     """
 
     mnemonic = "copy_async"
     dst: SharedTensor
     src: GlobalTensor
     offsets: tuple[Expr, ...]
+    shape: tuple[int, ...] | None = None
+    dst_offsets: tuple[Expr, ...] | None = None
+
+    @property
+    def tile_shape(self) -> tuple[int, ...]:
+        """The copied tile's shape (``shape``, or ``dst``'s trailing dims)."""
+        if self.shape is not None:
+            return self.shape
+        return self.dst.shape[max(0, self.dst.rank - self.src.rank):]
+
+    @property
+    def dst_start(self) -> tuple[Expr, ...]:
+        """Where in ``dst`` the tile starts (``dst_offsets``, or zeros)."""
+        if self.dst_offsets is not None:
+            return self.dst_offsets
+        from lowvm.expr import Const
+
+        return tuple(Const(0) for _ in range(self.dst.rank))
 
     def check(self) -> None:
         _check_offsets(self, self.offsets, self.src.rank, "global tensor")
@@ -275,29 +325,39 @@ class CopyAsync(Instruction):
                 f"copying {self.src.dtype.name} %{self.src.name} into "
                 f"{self.dst.dtype.name} %{self.dst.name}; the types must match"
             )
+        if len(self.tile_shape) != self.src.rank:
+            raise self.error(
+                f"shape {list(self.tile_shape)} has rank {len(self.tile_shape)} but the "
+                f"global tensor %{self.src.name} has rank {self.src.rank}; give one size "
+                "per global dim")
+        _check_shared_tile(self, self.dst, self.dst_start, self.tile_shape, "copied tile")
 
     def interpret(self, st: BlockState) -> None:
-        table = np.indices(self.dst.shape).reshape(self.dst.rank, -1).T[None]  # [1, N, rank]
+        shape = self.tile_shape
+        table = np.indices(shape).reshape(len(shape), -1).T[None]  # [1, N, rank]
         flat, inside = _global_positions(st, self.src, self.offsets, table)
+        pos = _shared_positions(self, st, self.dst, self.dst_start, table).reshape(-1)
         values = np.zeros(flat.shape[1], dtype=np.float64 if self.dst.dtype.is_float else np.int64)
         values[inside[0]] = st.global_buffer(self.src, self).read(flat[0][inside[0]])
-        pos = self.dst.layout.offsets().reshape(-1)
         st.shared(self.dst, self).copy_async(pos, values, self, st)
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")
-        shape = self.dst.shape
+        shape = self.tile_shape
         total = int(np.prod(shape))
         threads = cg.program.num_threads
         with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
             rest = "e"
             index = []
-            for d in reversed(range(self.dst.rank)):
+            for d in reversed(range(len(shape))):
                 cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
                 index.insert(0, f"j{d}")
                 rest = f"({rest}) / {shape[d]}"
             ref, inside = _global_ref(cg, self.src, self.offsets, index)
-            cg.line(f"{cg.shared_ref(self.dst, cg.shared_offset(self.dst, index))} = "
+            lead = self.dst.rank - len(shape)
+            start = [cg.expr(o) for o in self.dst_start]
+            dst_index = start[:lead] + [f"{o} + {j}" for o, j in zip(start[lead:], index)]
+            cg.line(f"{cg.shared_ref(self.dst, cg.shared_offset(self.dst, dst_index))} = "
                     f"({inside}) ? {ref} : {_zero(self.dst.dtype)};")
 
 
@@ -377,9 +437,10 @@ def _emit_shared_access(cg: CudaContext, tensor: SharedTensor, offsets, tile: Re
     lay = tile.layout
     cg.line("#pragma unroll")
     with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
-        index = []
+        lead = tensor.rank - lay.rank  # leading shared dims: selected by offset only
+        index = [cg.expr(o) for o in offsets[:lead]]
         for d in range(lay.rank):
-            cg.line(f"const int i{d} = {cg.expr(offsets[d])} + {cg.index(lay, d)};")
+            cg.line(f"const int i{d} = {cg.expr(offsets[lead + d])} + {cg.index(lay, d)};")
             index.append(f"i{d}")
         ref = cg.shared_ref(tensor, cg.shared_offset(tensor, index))
         if load:
