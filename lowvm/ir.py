@@ -260,7 +260,11 @@ class SeqStmt(Stmt):
 
 @dataclass(frozen=True)
 class ForStmt(Stmt):
-    """``for var in range(start, stop, step)`` over uniform bounds."""
+    """``for var in range(start, stop, step)`` over uniform bounds.
+
+    ``stages`` (S >= 2) asks :mod:`lowvm.passes.software_pipeline` to keep S - 1 of the
+    loop's ``copy_async`` tiles in flight; the rewritten loop has ``stages=None``.
+    """
 
     var: Var
     start: Expr
@@ -269,6 +273,7 @@ class ForStmt(Stmt):
     body: Stmt
     unroll: int | None = None
     loc: SourceLoc | None = field(default=None, compare=False)
+    stages: int | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ def format_stmt(stmt: Stmt, indent: int = 1) -> list[str]:
         return [line for s in stmt.stmts for line in format_stmt(s, indent)]
     if isinstance(stmt, ForStmt):
         unroll = f" unroll={stmt.unroll}" if stmt.unroll else ""
+        unroll += f" stages={stmt.stages}" if stmt.stages else ""
         head = f"{pad}for {stmt.var} in range({stmt.start}, {stmt.stop}, {stmt.step}){unroll}:"
         return [head, *format_stmt(stmt.body, indent + 1)]
     if isinstance(stmt, IfStmt):

@@ -230,10 +230,18 @@ def free_shared(tensor: SharedTensor) -> None:
 
 def load_shared(src: SharedTensor, layout: RegisterLayout, offsets: Sequence[ExprLike] | None
                 = None, shape: Sequence[int] | None = None) -> RegisterTensor:
-    """Load a tile (the whole shared tile unless ``shape``/``offsets`` say otherwise)."""
+    """Load a tile (the whole shared tile unless ``shape``/``offsets`` say otherwise).
+
+    The tile may have fewer dims than ``src`` (e.g. one stage of ``[stages, rows, cols]``):
+    ``offsets`` still has ``src``'s rank, and the leading dims are selected by offset only.
+    By default the tile is ``src``'s trailing dims, as many as ``layout`` has.
+    """
     if not isinstance(src, SharedTensor):
         raise _fail(f"load_shared: src must be a shared tile, got {type(src).__name__}")
-    shape = _static_shape(shape if shape is not None else src.shape, "load_shared")
+    if shape is None:
+        rank = layout.rank if isinstance(layout, RegisterLayout) else src.rank
+        shape = src.shape[builtins.max(0, src.rank - rank):]
+    shape = _static_shape(shape, "load_shared")
     out = current().register(src.dtype, shape, layout, "load_shared")
     current().emit(LoadShared(out=out, src=src, offsets=_offsets(offsets, src.rank,
                                                                   "load_shared"), loc=_loc()))
@@ -242,18 +250,32 @@ def load_shared(src: SharedTensor, layout: RegisterLayout, offsets: Sequence[Exp
 
 def store_shared(dst: SharedTensor, src: RegisterTensor,
                  offsets: Sequence[ExprLike] | None = None) -> None:
-    """Store a register tile into a shared tile at ``offsets``."""
+    """Store a register tile into a shared tile at ``offsets`` (``dst``'s rank; the tile
+    may have fewer dims, its leading ``dst`` dims selected by offset only)."""
+    if not isinstance(dst, SharedTensor) or not isinstance(src, RegisterTensor):
+        raise _fail(f"store_shared: expects (shared tile, register tile, offsets), got "
+                    f"({type(dst).__name__}, {type(src).__name__})")
     current().emit(StoreShared(dst=dst, src=src, offsets=_offsets(offsets, dst.rank,
                                                                   "store_shared"), loc=_loc()))
 
 
 def copy_async(dst: SharedTensor, src: GlobalTensor,
-               offsets: Sequence[ExprLike] | None = None) -> None:
-    """Start copying the global tile at ``offsets`` (of ``dst``'s shape) into ``dst``."""
+               offsets: Sequence[ExprLike] | None = None, shape: Sequence[int] | None = None,
+               dst_offsets: Sequence[ExprLike] | None = None) -> None:
+    """Start copying the global tile of ``shape`` at ``offsets`` into ``dst`` at ``dst_offsets``.
+
+    ``shape`` has ``src``'s rank (default: ``dst``'s trailing dims); ``dst_offsets`` has
+    ``dst``'s rank (default zeros), its leading dims selected by offset only. Elements
+    outside ``src`` are zero-filled.
+    """
     if not isinstance(dst, SharedTensor) or not isinstance(src, GlobalTensor):
         raise _fail("copy_async: expects (shared tile, global tensor, offsets)")
-    current().emit(CopyAsync(dst=dst, src=src, offsets=_offsets(offsets, src.rank,
-                                                                 "copy_async"), loc=_loc()))
+    tile = None if shape is None else _static_shape(shape, "copy_async")
+    current().emit(CopyAsync(
+        dst=dst, src=src, offsets=_offsets(offsets, src.rank, "copy_async"), shape=tile,
+        dst_offsets=None if dst_offsets is None else _offsets(dst_offsets, dst.rank,
+                                                              "copy_async dst_offsets"),
+        loc=_loc()))
 
 
 def commit_group() -> None:
@@ -462,11 +484,17 @@ def static_assert(cond: object, message: str = "") -> None:
 
 
 def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # noqa: A001
-          unroll: int | None = None) -> Iterator[Var]:
+          unroll: int | None = None, stages: int | None = None) -> Iterator[Var]:
     """A VM loop (``for k in vm.range(n):``); the body is traced once.
 
     Use plain Python ``range`` over compile-time values to unroll while tracing.
+    ``stages=S`` (S >= 2) software-pipelines the loop's ``copy_async`` tiles, S - 1 in
+    flight (see :mod:`lowvm.passes.software_pipeline` for the loop shapes accepted);
+    ``None`` or 1 leaves the loop as written.
     """
+    if stages is not None and (not isinstance(stages, int) or isinstance(stages, bool)
+                               or stages < 1):
+        raise _fail(f"range: stages must be None or an integer >= 1, got {stages!r}")
     if stop is None:
         start, stop = 0, start
     b = current()
@@ -485,7 +513,7 @@ def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # 
         return
     body = b.pop()
     b.append(ForStmt(var, as_expr(start), as_expr(stop), as_expr(step), seq(body), unroll,
-                     loc))
+                     loc, stages=stages))
 
 
 @contextlib.contextmanager
