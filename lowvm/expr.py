@@ -33,6 +33,7 @@ __all__ = [
     "minimum",
     "maximum",
     "ExprError",
+    "known_multiple",
 ]
 
 
@@ -402,3 +403,33 @@ def free_vars(expr: ExprLike) -> frozenset[Var]:
     if isinstance(e, Select):
         return free_vars(e.cond) | free_vars(e.then) | free_vars(e.other)
     return frozenset()
+
+
+def known_multiple(expr: ExprLike) -> int:
+    """The largest number ``expr`` is provably a multiple of (0 for the constant 0).
+
+    What vectorization needs: ``kk * 64 + row0`` with ``row0 = b * 32`` is a multiple of
+    32 whatever ``kk`` and ``b`` are, so a 16-byte access starting there is aligned.
+    """
+    import math
+
+    e = as_expr(expr)
+    if isinstance(e, Const):
+        return abs(int(e.value)) if not isinstance(e.value, float) else 1
+    if isinstance(e, BinOp):
+        a, b = known_multiple(e.lhs), known_multiple(e.rhs)
+        if e.op in ("+", "-"):
+            return math.gcd(a, b)
+        if e.op == "*":
+            return a * b
+        if e.op == "<<" and isinstance(e.rhs, Const):
+            return a << int(e.rhs.value)
+        if e.op == "/" and isinstance(e.rhs, Const) and e.rhs.value and a % e.rhs.value == 0:
+            return a // abs(int(e.rhs.value))
+        if e.op in ("min", "max"):
+            return math.gcd(a, b)
+    if isinstance(e, UnaryOp) and e.op == "-":
+        return known_multiple(e.operand)
+    if isinstance(e, Select):
+        return math.gcd(known_multiple(e.then), known_multiple(e.other))
+    return 1

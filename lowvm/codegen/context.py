@@ -114,9 +114,10 @@ class CudaContext:
             size = tile.layout.local_size
             if is_packed(tile.dtype):
                 words = max(1, math.ceil(size * tile.dtype.nbits / 32))
-                self.declared.append(f"lowvm_u32 {name}[{words}];  // {tile.type_str()}")
+                self.declared.append(
+                    f"__align__(16) lowvm_u32 {name}[{words}];  // {tile.type_str()}")
             else:
-                self.declared.append(f"{c_type(tile.dtype)} {name}[{size}];  // "
+                self.declared.append(f"__align__(16) {c_type(tile.dtype)} {name}[{size}];  // "
                                      f"{tile.type_str()}")
         return self.names[tile]
 

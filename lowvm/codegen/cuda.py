@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from lowvm.codegen.context import CudaContext, c_type
 from lowvm.codegen.prelude import PRELUDE
+from lowvm.codegen.selected import emit_selected
 from lowvm.codegen.shared_alloc import allocate_shared
 from lowvm.ir import (
     ForStmt,
@@ -42,6 +43,8 @@ class CudaSource:
 
 def _emit(stmt: Stmt, cg: CudaContext) -> None:
     if isinstance(stmt, InstStmt):
+        if stmt.inst.impl is not None and emit_selected(stmt.inst, cg):
+            return
         emit = getattr(stmt.inst, "emit_cuda", None)
         if emit is None:
             raise ProgramError(f"{stmt.inst.mnemonic} cannot be lowered to CUDA yet",
@@ -72,7 +75,10 @@ def _emit(stmt: Stmt, cg: CudaContext) -> None:
 
 
 def generate_cuda(program: Program) -> CudaSource:
-    """The CUDA C++ source of ``program``."""
+    """The CUDA C++ source of ``program``, after the lowering passes."""
+    from lowvm.passes import run_passes
+
+    program = run_passes(program)
     cg = CudaContext(program)
     offsets, tiles_bytes = allocate_shared(program)
     cg.shared_offsets = offsets

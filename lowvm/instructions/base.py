@@ -38,6 +38,9 @@ class Instruction:
 
     mnemonic: ClassVar[str] = "instruction"
     loc: SourceLoc | None = field(default=None, repr=False)
+    #: How the lowering implements this instruction, chosen by the vectorization and
+    #: instruction-selection passes (None: the generic per-element code).
+    impl: object = field(default=None, repr=False)
 
     def output(self) -> Tensor | None:
         """The tile this instruction writes (its ``out`` field), if any."""
@@ -71,7 +74,7 @@ class Instruction:
         """The operands and attributes as text, for the printer."""
         parts = []
         for f in fields(self):
-            if f.name in ("out", "loc"):
+            if f.name in ("out", "loc", "impl"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, Tensor):
@@ -86,7 +89,8 @@ class Instruction:
     def __str__(self) -> str:
         out = self.output()
         lhs = f"%{out.name}: {out.type_str()} = " if out is not None else ""  # type: ignore[attr-defined]
-        return f"{lhs}{self.mnemonic} {self.format_args()}"
+        impl = f"  [{self.impl}]" if self.impl is not None else ""
+        return f"{lhs}{self.mnemonic} {self.format_args()}{impl}"
 
 
 @lru_cache(maxsize=512)

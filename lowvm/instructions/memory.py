@@ -353,7 +353,7 @@ class CopyAsync(Instruction):
                 cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
                 index.insert(0, f"j{d}")
                 rest = f"({rest}) / {shape[d]}"
-            ref, inside = _global_ref(cg, self.src, self.offsets, index)
+            ref, inside = global_ref(cg, self.src, self.offsets, index)
             lead = self.dst.rank - len(shape)
             start = [cg.expr(o) for o in self.dst_start]
             dst_index = start[:lead] + [f"{o} + {j}" for o, j in zip(start[lead:], index)]
@@ -372,7 +372,8 @@ class CommitGroup(Instruction):
         st.commit_group()
 
     def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line("// commit_group (copies are synchronous in this lowering)")
+        cg.line("// commit_group")
+        cg.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
 
 
 @register_instruction
@@ -391,7 +392,8 @@ class WaitGroup(Instruction):
         st.wait_group(self.n)
 
     def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// wait_group {self.n} (copies are synchronous in this lowering)")
+        cg.line(f"// wait_group {self.n}")
+        cg.line(f'asm volatile("cp.async.wait_group {self.n};\\n" ::: "memory");')
 
 
 # ---------------------------------------------------------------------------------------
@@ -408,7 +410,7 @@ def _zero(dt) -> str:
     return "0"
 
 
-def _global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
+def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
                 ) -> tuple[str, str]:
     """(element lvalue, in-bounds condition) of ``offsets + index`` in a global view."""
     conds, terms = [], []
@@ -425,7 +427,7 @@ def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: Re
     cg.line("#pragma unroll")
     with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
         index = [cg.index(lay, d) for d in range(lay.rank)]
-        ref, inside = _global_ref(cg, tensor, offsets, index)
+        ref, inside = global_ref(cg, tensor, offsets, index)
         if load:
             cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {ref} : {_zero(tile.dtype)};")
         else:

@@ -11,14 +11,19 @@ import os
 from collections.abc import Callable
 
 from lowvm.ir import Program
+from lowvm.passes.instruction_selection import select_instructions
 from lowvm.passes.rewrite import map_instructions, map_statements
+from lowvm.passes.vectorize import vectorize
 
 __all__ = ["PIPELINE", "run_passes", "map_instructions", "map_statements"]
 
 Pass = Callable[[Program], Program]
 
 #: (name, pass) in execution order. Later passes may rely on earlier guarantees.
-PIPELINE: list[tuple[str, Pass]] = []
+PIPELINE: list[tuple[str, Pass]] = [
+    ("vectorize", vectorize),
+    ("instruction_selection", select_instructions),
+]
 
 
 def run_passes(program: Program, upto: str | None = None) -> Program:

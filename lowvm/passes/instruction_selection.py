@@ -1,0 +1,207 @@
+"""Instruction selection: tensor-core and warp-cooperative instructions where layouts allow.
+
+Guarantees (each decided from the layouts alone, checked for every thread):
+
+- ``dot`` -> ``mma.sync`` (:class:`MmaPlan`) when a, b and c are each an outer layout
+  composed with the operands of one MMA atom (``outer * atom``, the form
+  :func:`lowvm.kernels.mma_tiling.block_mma_layouts` builds), and for every warp the
+  atom of a and b feeding each accumulator atom sits at the *same* local position, so
+  the schedule is one straight-line list of ``mma.sync`` for all threads.
+  f16/bf16 use m16n8k16, int8/uint8 m16n8k32 (then m16n8k16).
+- ``load_shared`` of 16-bit elements -> ``ldmatrix`` (:class:`LdmatrixPlan`) when each
+  pair of locals is one 32-bit word of an 8x8 matrix whose eight 16-byte rows are
+  aligned in shared memory, in the lane order ``ldmatrix`` delivers (``.trans`` when the
+  pair runs down a column); four matrices per instruction where they fit.
+- ``copy_async`` with 4/8/16-byte chunks (from the vectorization pass) -> ``cp.async``
+  (:class:`CpAsyncPlan`), zero-filling outside the tensor.
+
+Anything else keeps the generic lowering; the program's meaning never changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from lowvm.dtypes import bfloat16, float16, int8, uint8
+from lowvm.expr import Const, Expr, as_expr
+from lowvm.instructions.dot import Dot
+from lowvm.instructions.memory import CopyAsync, LoadShared
+from lowvm.ir import Program, RegisterTensor, SharedTensor
+from lowvm.layouts import MmaLayouts, RegisterLayout, mma_layouts
+from lowvm.passes.rewrite import map_instructions
+from lowvm.passes.vectorize import (
+    VectorAccess,
+    runtime_offsets_commute,
+    shared_elem_offsets,
+)
+
+__all__ = ["MmaPlan", "LdmatrixPlan", "CpAsyncPlan", "select_instructions", "mma_plan",
+           "ldmatrix_plan", "atom_outer"]
+
+#: operand type -> MMA shapes to try, best first
+_MMA_SHAPES = {float16: ("m16n8k16",), bfloat16: ("m16n8k16",),
+               int8: ("m16n8k32", "m16n8k16"), uint8: ("m16n8k32", "m16n8k16")}
+
+
+@dataclass(frozen=True)
+class MmaPlan:
+    """Straight-line ``mma.sync`` list: ``steps[i] = (c atom, a atom, b atom)`` locals."""
+
+    atom: MmaLayouts
+    steps: tuple[tuple[int, int, int], ...]
+
+    def __str__(self) -> str:
+        return f"mma.sync.{self.atom.name} x{len(self.steps)}"
+
+
+@dataclass(frozen=True)
+class LdmatrixPlan:
+    """``ldmatrix`` calls: ``(first 32-bit register, matrices)`` each; ``trans`` for .trans."""
+
+    trans: bool
+    calls: tuple[tuple[int, int], ...]
+
+    def __str__(self) -> str:
+        counts = sorted({n for _, n in self.calls})
+        kind = "/".join(f"x{n}" for n in counts)
+        return f"ldmatrix.{kind}{'.trans' if self.trans else ''} x{len(self.calls)}"
+
+
+@dataclass(frozen=True)
+class CpAsyncPlan:
+    """``cp.async`` of ``access.nbytes``-byte chunks."""
+
+    access: VectorAccess
+
+    def __str__(self) -> str:
+        return f"cp.async {self.access}"
+
+
+# ---------------------------------------------------------------------------------------
+# dot -> mma.sync
+
+
+def atom_outer(layout: RegisterLayout, atom: RegisterLayout, atom_shape: tuple[int, int]
+               ) -> np.ndarray | None:
+    """If ``layout == outer * atom`` (32-lane warps), the atom coordinate of each outer
+    (warp, local) as an array ``[warps, outer locals, 2]``; else None."""
+    threads, locals_ = layout.num_threads, layout.local_size
+    inner = atom.local_size
+    if threads % 32 or locals_ % inner or atom.num_threads != 32:
+        return None
+    table = layout.table.reshape(threads // 32, 32, locals_ // inner, inner, 2)
+    shape = np.array(atom_shape)
+    outer = table // shape
+    first = outer[:, :1, :, :1, :]
+    if not np.array_equal(outer, np.broadcast_to(first, outer.shape)):
+        return None
+    if not np.array_equal(table % shape, np.broadcast_to(atom.table[None, :, None],
+                                                          table.shape)):
+        return None
+    return first[:, 0, :, 0, :]
+
+
+def _positions(outer: np.ndarray) -> list[dict[tuple[int, int], int]]:
+    return [{(int(i), int(j)): loc for loc, (i, j) in enumerate(w)} for w in outer]
+
+
+def mma_plan(a: RegisterTensor, b: RegisterTensor, c: RegisterTensor) -> MmaPlan | None:
+    """The ``mma.sync`` schedule of ``c += a @ b``, or None (see module docstring)."""
+    for shape in _MMA_SHAPES.get(a.dtype, ()):
+        atom = mma_layouts(shape, a.dtype)
+        oa = atom_outer(a.layout, atom.a, (atom.m, atom.k))
+        ob = atom_outer(b.layout, atom.b, (atom.k, atom.n))
+        oc = atom_outer(c.layout, atom.c, (atom.m, atom.n))
+        if oa is None or ob is None or oc is None or not (len(oa) == len(ob) == len(oc)):
+            continue
+        ksteps = a.shape[1] // atom.k
+        pa, pb = _positions(oa), _positions(ob)
+        steps, ok = [], True
+        for ci in range(oc.shape[1]):
+            for kk in range(ksteps):
+                found = set()
+                for w in range(len(oc)):
+                    i, j = (int(v) for v in oc[w, ci])
+                    found.add((pa[w].get((i, kk)), pb[w].get((kk, j))))
+                if len(found) != 1 or None in next(iter(found)):
+                    ok = False
+                    break
+                la, lb = next(iter(found))
+                steps.append((ci, la, lb))
+            if not ok:
+                break
+        if ok:
+            return MmaPlan(atom, tuple(steps))
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# load_shared -> ldmatrix
+
+
+def _row_addresses(offs: np.ndarray, trans: bool) -> np.ndarray | None:
+    """``rows[warp, reg, 8]`` element offsets of the 8 matrix rows each register reads."""
+    threads, locals_ = offs.shape
+    warps, regs = threads // 32, locals_ // 2
+    lane = np.arange(32)
+    o = offs.reshape(warps, 32, regs, 2)
+    if not trans:
+        # lane holds the word at row lane//4, column pair lane%4 of its matrix
+        rows = o[:, ::4, :, 0]  # lanes 0, 4, ..., 28 -> [warps, 8, regs]
+        expect0 = rows[:, lane // 4, :] + 2 * (lane % 4)[None, :, None]
+        expect1 = expect0 + 1
+    else:
+        # lane holds rows 2*(lane%4) and +1 of column lane//4
+        rows = np.stack([o[:, r // 2, :, r % 2] for r in range(8)], axis=1)  # [w, 8, regs]
+        expect0 = rows[:, 2 * (lane % 4), :] + (lane // 4)[None, :, None]
+        expect1 = rows[:, 2 * (lane % 4) + 1, :] + (lane // 4)[None, :, None]
+    if not (np.array_equal(o[..., 0], expect0) and np.array_equal(o[..., 1], expect1)):
+        return None
+    if (rows % 8).any():  # 16-byte aligned rows of 8 elements
+        return None
+    return rows.transpose(0, 2, 1)
+
+
+def ldmatrix_plan(tile: RegisterTensor, tensor: SharedTensor, offsets: tuple[Expr, ...]
+                  ) -> LdmatrixPlan | None:
+    """The ``ldmatrix`` calls loading ``tile`` from ``tensor``, or None."""
+    lay = tile.layout
+    if tensor.dtype.nbits != 16 or lay.num_threads % 32 or lay.local_size % 2:
+        return None
+    if not runtime_offsets_commute(tensor, offsets, 8):
+        return None
+    offs = shared_elem_offsets(tensor, offsets, lay.table)
+    for trans in (False, True):
+        if _row_addresses(offs, trans) is not None:
+            regs = lay.local_size // 2
+            calls, r = [], 0
+            for count in (4, 2, 1):
+                while regs - r >= count:
+                    calls.append((r, count))
+                    r += count
+            return LdmatrixPlan(trans, tuple(calls))
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def _select(inst):
+    if isinstance(inst, Dot):
+        plan = mma_plan(inst.a, inst.b, inst.c)
+        return inst if plan is None else dataclasses.replace(inst, impl=plan)
+    if isinstance(inst, LoadShared) and all(isinstance(as_expr(o), (Const, Expr))
+                                            for o in inst.offsets):
+        plan = ldmatrix_plan(inst.out, inst.src, inst.offsets)
+        return inst if plan is None else dataclasses.replace(inst, impl=plan)
+    if isinstance(inst, CopyAsync) and isinstance(inst.impl, VectorAccess):
+        return dataclasses.replace(inst, impl=CpAsyncPlan(inst.impl))
+    return inst
+
+
+def select_instructions(program: Program) -> Program:
+    """Attach :class:`MmaPlan`, :class:`LdmatrixPlan` and :class:`CpAsyncPlan` where legal."""
+    return map_instructions(program, _select)
