@@ -1,0 +1,7 @@
+"""``python -m lowvm.bench``: run the benchmark (see :mod:`lowvm.bench.cli`)."""
+
+import sys
+
+from lowvm.bench.cli import main
+
+sys.exit(main())

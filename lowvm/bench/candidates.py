@@ -1,0 +1,173 @@
+"""The kernels a run times: lowvm (through ``lowvm_entry``) and the baselines.
+
+Each :class:`Candidate` carries what the runner needs and nothing kernel-specific: the
+callable to time, the activation dtype it takes, its weight format (for the byte count
+and the floor), the weight its result must match (for the float64 check) and the
+tolerance that fits its output type. Kernel names are stable strings used in the JSON,
+the plot and the anchor file: ``lowvm_<type>_g<group>``, ``cublas_fp16``,
+``cublas_bf16``, ``tinygemm_int4_g<group>``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lowvm.bench import counting, lowvm_entry, tinygemm
+from lowvm.bench.errors import BenchError
+from lowvm.dtypes import DType
+
+__all__ = [
+    "BASELINES",
+    "OPTIONAL_BASELINES",
+    "Candidate",
+    "Unavailable",
+    "lowvm_name",
+    "tinygemm_name",
+    "planned_kernels",
+    "build_candidates",
+    "probe_optional",
+]
+
+#: Baselines measured in every run unless deselected with ``--baselines``.
+BASELINES = ("cublas_fp16", "cublas_bf16", "tinygemm")
+#: Kernels timed only where their package imports (the H100 image has none of them).
+OPTIONAL_BASELINES: dict[str, tuple[str, str]] = {
+    "marlin_vllm": ("vllm._custom_ops", "gptq_marlin_gemm"),
+    "marlin_sgl": ("sgl_kernel", "gptq_marlin_gemm"),
+    "gemlite": ("gemlite", ""),
+}
+#: Relative-error tolerances by output type: fp16 keeps 11 significant bits, bf16 8.
+TOL_FP16 = 3e-3
+TOL_BF16 = 1.6e-2
+
+
+@dataclass
+class Candidate:
+    """One kernel ready to run on one weight."""
+
+    kernel: str
+    family: str                      # "lowvm" or "baseline"
+    wtype: str
+    fmt: counting.WeightFormat
+    act_dtype: Any                   # torch dtype of x
+    fn: Callable[[Any], Any]         # x [M, K] -> y [M, N]
+    ref_weight: Callable[[], Any]    # the [N, K] weight the result must match
+    tol: float
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A kernel planned for a shape that cannot run there, and why."""
+
+    kernel: str
+    family: str
+    wtype: str
+    fmt: counting.WeightFormat
+    status: str                      # "skipped" (unsupported) or "failed" (it broke)
+    note: str
+
+
+def lowvm_name(wtype: DType, group: int) -> str:
+    return f"lowvm_{wtype.name}_g{group}"
+
+
+def tinygemm_name(group: int) -> str:
+    return f"tinygemm_int4_g{group}"
+
+
+def planned_kernels(dtypes: tuple[DType, ...], groups: tuple[int, ...],
+                    baselines: tuple[str, ...], with_lowvm: bool = True) -> list[str]:
+    """The kernel names a run with these options times (optional ones if importable)."""
+    names = []
+    if with_lowvm:
+        names += [lowvm_name(dt, g) for dt in dtypes for g in groups]
+    for b in baselines:
+        if b == "tinygemm":
+            names += [tinygemm_name(g) for g in groups]
+        else:
+            names.append(b)
+    return names
+
+
+def _error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text.splitlines()[0][:200]
+
+
+def build_candidates(weight: Any, dtypes: tuple[DType, ...], groups: tuple[int, ...],
+                     baselines: tuple[str, ...], with_lowvm: bool = True
+                     ) -> tuple[list[Candidate], list[Unavailable]]:
+    """Prepare every planned kernel for ``weight [N, K]`` fp16 on the GPU.
+
+    lowvm candidates come first: the runner checks them before any baseline has left an
+    output of the same size in the allocator's free memory.
+    """
+    import torch
+
+    n, k = weight.shape
+    ready: list[Candidate] = []
+    missing: list[Unavailable] = []
+    if with_lowvm:
+        for dt in dtypes:
+            for g in groups:
+                name, fmt = lowvm_name(dt, g), counting.quant_format(dt.nbits, g)
+                try:
+                    prep = lowvm_entry.prepare(weight, dt.name, g)
+                except Exception as exc:  # unsupported shape/type, or a compile error
+                    status = "skipped" if isinstance(exc, BenchError) else "failed"
+                    missing.append(Unavailable(name, "lowvm", dt.name, fmt, status,
+                                               _error(exc)))
+                    continue
+                ready.append(Candidate(
+                    name, "lowvm", dt.name, fmt, torch.float16,
+                    lambda x, p=prep: lowvm_entry.run(p, x),
+                    lambda p=prep: lowvm_entry.dequantized(p), TOL_FP16))
+    for b in baselines:
+        if b in ("cublas_fp16", "cublas_bf16"):
+            dtype = torch.float16 if b == "cublas_fp16" else torch.bfloat16
+            w = weight.to(dtype)
+            w_t = w.t()  # a transposed view: cuBLAS runs it as the "TN" GEMM of Linear
+            ready.append(Candidate(
+                b, "baseline", b.split("_")[1], counting.fp_format(16), dtype,
+                lambda x, w_t=w_t: torch.matmul(x, w_t), lambda w=w: w,
+                TOL_FP16 if dtype == torch.float16 else TOL_BF16))
+        elif b == "tinygemm":
+            for g in groups:
+                name, fmt = tinygemm_name(g), counting.quant_format(4, g, 4)
+                try:
+                    tg = tinygemm.prepare(weight, g)
+                except Exception as exc:
+                    status = "skipped" if isinstance(exc, BenchError) else "failed"
+                    missing.append(Unavailable(name, "baseline", "int4", fmt, status,
+                                               _error(exc)))
+                    continue
+                ready.append(Candidate(
+                    name, "baseline", "int4", fmt, torch.bfloat16,
+                    lambda x, tg=tg: tinygemm.run(tg, x),
+                    lambda tg=tg: tinygemm.dequantize(tg.codes, tg.scales_and_zeros, tg.group),
+                    TOL_BF16))
+    return ready, missing
+
+
+def probe_optional(names: tuple[str, ...]) -> list[str]:
+    """Notes on the optional baselines asked for: each is imported, and skipped with a
+    note when absent. None has an adapter yet, so an importable one is noted as such."""
+    notes = []
+    for name in names:
+        module, attr = OPTIONAL_BASELINES[name]
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:  # ImportError, or a broken install raising anything
+            notes.append(f"{name}: skipped, {module} does not import ({_error(exc)})")
+            continue
+        if attr and not hasattr(mod, attr):
+            notes.append(f"{name}: skipped, {module} has no {attr}")
+        else:
+            version = getattr(importlib.import_module(module.split(".")[0]),
+                              "__version__", "?")
+            notes.append(f"{name}: {module} {version} imports, but the harness has no "
+                         "adapter for its API yet; not timed")
+    return notes
