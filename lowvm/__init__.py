@@ -11,8 +11,22 @@ from lowvm.dtypes import __all__ as _dtype_names
 from lowvm.errors import DTypeError, LayoutError, LowvmError
 from lowvm.interpreter import InterpretError, interpret
 from lowvm.ir import ProgramError
+from lowvm.nn.hf_hook import install as _install_hf_hook
 
 __version__ = "0.1.0"
+
+_install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
+
+_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig")
+
+
+def __getattr__(name: str) -> object:
+    """The quantized layers load on first use: ``import lowvm`` stays free of torch."""
+    if name in _NN_NAMES:
+        import lowvm.nn
+
+        return getattr(lowvm.nn, name)
+    raise AttributeError(f"module 'lowvm' has no attribute {name!r}")
 
 __all__ = [
     "dtypes",
@@ -25,5 +39,6 @@ __all__ = [
     "LayoutError",
     "ProgramError",
     "InterpretError",
+    *_NN_NAMES,
     *_dtype_names,
 ]

@@ -1,0 +1,38 @@
+"""Quantized layers for PyTorch and Hugging Face models.
+
+``QuantLinear`` (a low-bit ``nn.Linear``), ``quantize_model`` (replace a model's linears),
+``LowvmConfig`` (quantize while ``from_pretrained`` loads) and the GPTQ/AWQ importers.
+Names load lazily so that ``import lowvm`` does not pay for torch or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_gptq",
+           "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
+           "LowvmFallbackWarning"]
+
+_WHERE = {
+    "QuantLinear": "lowvm.nn.quant_linear",
+    "quantize_model": "lowvm.nn.model",
+    "QuantReport": "lowvm.nn.model",
+    "LowvmConfig": "lowvm.nn.hf_quantizer",
+    "from_gptq": "lowvm.nn.checkpoint_import",
+    "from_awq": "lowvm.nn.checkpoint_import",
+    "QuantizationError": "lowvm.nn.errors",
+    "ActivationError": "lowvm.nn.errors",
+    "CheckpointImportError": "lowvm.nn.errors",
+    "LowvmFallbackWarning": "lowvm.nn.backend",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'lowvm.nn' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

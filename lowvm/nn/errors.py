@@ -1,0 +1,24 @@
+"""Errors of the quantized layers: bad quantization settings, bad activations, bad checkpoints.
+
+Each is a :class:`~lowvm.errors.LowvmError` (one ``except`` catches every lowvm error) and
+the builtin a generic handler expects. Messages name the argument, the value and what
+would be accepted.
+"""
+
+from __future__ import annotations
+
+from lowvm.errors import LowvmError
+
+__all__ = ["QuantizationError", "ActivationError", "CheckpointImportError"]
+
+
+class QuantizationError(LowvmError, ValueError):
+    """Settings or a layer shape that lowvm cannot quantize (group size, tile, zero points)."""
+
+
+class ActivationError(LowvmError, TypeError):
+    """Activations a quantized layer cannot take: wrong dtype, device or last dimension."""
+
+
+class CheckpointImportError(LowvmError, ValueError):
+    """GPTQ/AWQ tensors whose shapes, dtypes or bit width do not fit the format."""

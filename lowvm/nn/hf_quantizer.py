@@ -1,0 +1,150 @@
+"""lowvm as a Hugging Face transformers quantization backend.
+
+``LowvmConfig`` is registered as quantization method ``"lowvm"``, so
+
+* ``from_pretrained(path, quantization_config=LowvmConfig(dtype="int4"))`` loads the dense
+  weights, then quantizes the linear layers (:func:`~lowvm.nn.model.quantize_model`);
+* a checkpoint saved from a lowvm model records every layer's format in
+  ``config.quantization_config.modules``; a plain ``from_pretrained(path)`` then builds empty
+  ``QuantLinear`` layers of those formats before the packed tensors are loaded into them.
+
+Only hooks present in both transformers 5.17 and 5.23 are used:
+``_process_model_before/after_weight_loading``, ``update_dtype``, ``is_serializable``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.quantizers.auto import (
+    AUTO_QUANTIZATION_CONFIG_MAPPING,
+    AUTO_QUANTIZER_MAPPING,
+    register_quantization_config,
+    register_quantizer,
+)
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from lowvm.nn.errors import QuantizationError
+from lowvm.nn.spec import weight_type
+
+__all__ = ["LowvmConfig", "LowvmHfQuantizer", "register"]
+
+METHOD = "lowvm"
+
+
+def _type_name(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    return weight_type(value, where).name
+
+
+class LowvmConfig(QuantizationConfigMixin):
+    """Settings for quantizing while loading, and the record of a saved lowvm model.
+
+    ``dtype``: one type, or ``{glob: type}`` per module name (longest match wins, None
+    keeps a layer dense); ``group_size`` (-1 or None: one group per row); ``zero_point``
+    (None: on for uintN only); ``skip``: globs never quantized. ``modules`` is filled in by
+    lowvm (the resolved per-layer formats) and is what a pre-quantized load follows.
+    """
+
+    def __init__(self, dtype: Any = "int4", group_size: int | None = 128,
+                 zero_point: bool | None = None, skip: Iterable[str] = ("lm_head",),
+                 modules: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        self.quant_method = METHOD
+        if isinstance(dtype, Mapping):
+            self.dtype: str | dict[str, str | None] = {
+                str(k): _type_name(v, f"LowvmConfig: dtype[{k!r}]") for k, v in dtype.items()}
+        else:
+            name = _type_name(dtype, "LowvmConfig: dtype")
+            if name is None:
+                raise QuantizationError("LowvmConfig: dtype must be a type name or a "
+                                        "{pattern: type} dict; got None")
+            self.dtype = name
+        self.group_size = group_size
+        self.zero_point = zero_point
+        self.skip = [skip] if isinstance(skip, str) else list(skip or ())
+        self.modules = {name: dict(entry) for name, entry in (modules or {}).items()}
+
+    def quantize_kwargs(self) -> dict[str, Any]:
+        """The arguments of quantize_model these settings stand for."""
+        return {"dtype": self.dtype, "group_size": self.group_size,
+                "zero_point": self.zero_point, "skip": tuple(self.skip)}
+
+
+def _shell(linear: nn.Linear, entry: Mapping[str, Any], name: str) -> nn.Module:
+    """An empty QuantLinear of the recorded format, to be filled by the checkpoint."""
+    from lowvm.nn.quant_linear import QuantLinear
+
+    dt = linear.weight.dtype
+    return QuantLinear(linear.in_features, linear.out_features, entry["dtype"],
+                       entry.get("group_size"), entry.get("zero_point"),
+                       bias=bool(entry.get("bias", linear.bias is not None)),
+                       act_order=bool(entry.get("act_order", False)),
+                       device=linear.weight.device,
+                       bias_dtype=dt if dt in (torch.float16, torch.bfloat16) else torch.float16)
+
+
+class LowvmHfQuantizer(HfQuantizer):
+    """Builds lowvm layers for ``from_pretrained`` (see the module docstring)."""
+
+    requires_calibration = False
+
+    def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        """lowvm layers take float16/bfloat16 activations: float32 (or unset) becomes float16."""
+        if dtype is None or dtype == torch.float32:
+            return torch.float16
+        return dtype
+
+    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+        if not self.pre_quantized:
+            return model
+        modules = dict(model.named_modules())
+        entries = self.quantization_config.modules
+        missing = [name for name in entries if not isinstance(modules.get(name), nn.Linear)]
+        if missing:
+            raise QuantizationError(f"LowvmConfig.modules names layers the model has no "
+                                    f"nn.Linear for: {missing[:5]}; the checkpoint does not "
+                                    "match this model class")
+        shells = {name: _shell(modules[name], entry, name) for name, entry in entries.items()}
+        for name, shell in shells.items():
+            parent, _, child = name.rpartition(".")
+            setattr(modules[parent] if parent else model, child, shell)
+        return model
+
+    def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
+        if not self.pre_quantized:
+            from lowvm.nn.model import quantize_model
+
+            settings = self.quantization_config.quantize_kwargs()
+            report = quantize_model(model, progress=True, **settings)
+            self.quantization_config.modules = report.modules()
+            model.config.quantization_config = self.quantization_config
+        return model
+
+    def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+def register() -> None:
+    """Add ``"lowvm"`` to transformers' quantization registries (idempotent)."""
+    if AUTO_QUANTIZATION_CONFIG_MAPPING.get(METHOD) is not LowvmConfig:
+        AUTO_QUANTIZATION_CONFIG_MAPPING.pop(METHOD, None)
+        register_quantization_config(METHOD)(LowvmConfig)
+    if AUTO_QUANTIZER_MAPPING.get(METHOD) is not LowvmHfQuantizer:
+        AUTO_QUANTIZER_MAPPING.pop(METHOD, None)
+        register_quantizer(METHOD)(LowvmHfQuantizer)
+
+
+register()

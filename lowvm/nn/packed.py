@@ -1,0 +1,50 @@
+"""The tensors of one quantized layer, and their exact dequantization.
+
+:class:`PackedLinear` is what every forward path receives: the GPU backend, the reference
+path and the torch custom op all work from it, never from the module, so the op's schema
+stays plain tensors and the backend can be replaced without touching the module.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from lowvm.dtypes import DType
+from lowvm.nn.packing import unpack_rows, value_table
+
+__all__ = ["PackedLinear", "dequantize"]
+
+
+class PackedLinear(NamedTuple):
+    """``y = x @ dequant(W)^T + bias``; ``dequant(W)[n, k] = (q - zero[g, n]) * scale[g, n]``.
+
+    ``qweight [N, K*bits/8]`` uint8: each row the dense bit stream of its K codes;
+    ``scales [K/group, N]`` float16; ``zeros [K/group, N]`` float16 holding integer codes
+    (None for symmetric types); ``bias [N]`` or None.
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    bias: torch.Tensor | None
+    wtype: DType
+    group_size: int
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return int(self.scales.shape[1])
+
+
+def dequantize(layer: PackedLinear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The dense weight ``[N, K]``: exact in float32 (codes x fp16 scales fit in 24 bits)."""
+    codes = unpack_rows(layer.qweight, layer.wtype.nbits, layer.in_features)
+    values = value_table(layer.wtype, layer.qweight.device)[codes.long()]  # [N, K] float32
+    n, k, group = layer.out_features, layer.in_features, layer.group_size
+    values = values.view(n, k // group, group)
+    if layer.zeros is not None:
+        values = values - layer.zeros.t().float().unsqueeze(-1)
+    weight = values * layer.scales.t().float().unsqueeze(-1)
+    return weight.reshape(n, k).to(dtype)
