@@ -22,11 +22,18 @@ _FP16_TINY = 2.0**-24  # smallest positive float16 (subnormal)
 _ROWS_PER_CHUNK = 256  # bounds the float64 copy numpy's exact float encoder makes
 
 
-def _to_fp16_scale(scale: torch.Tensor) -> torch.Tensor:
-    """fp32 scales as float16: never 0 (an all-zero group gets 1), never inf."""
+def _to_fp16_scale(scale: torch.Tensor, round_up: bool = False) -> torch.Tensor:
+    """fp32 scales as float16: never 0 (an all-zero group gets 1), never inf.
+
+    ``round_up``: never below the fp32 scale, so a min/max range still fits the codes.
+    """
     scale = torch.where(scale > 0, scale.clamp(min=_FP16_TINY, max=_FP16_MAX),
                         torch.ones_like(scale))
-    return scale.to(torch.float16)
+    half = scale.to(torch.float16)
+    if round_up:
+        up = torch.nextafter(half, torch.full_like(half, _FP16_MAX))
+        half = torch.where(half.float() < scale, up, half)
+    return half
 
 
 def _encode_float(scaled: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -46,7 +53,7 @@ def quantize_weight(weight: torch.Tensor, spec: QuantSpec
         qmax = float(2**wt.nbits - 1)
         lo = w.amin(dim=-1).clamp(max=0)
         hi = w.amax(dim=-1).clamp(min=0)
-        scale = _to_fp16_scale((hi - lo) / qmax)
+        scale = _to_fp16_scale((hi - lo) / qmax, round_up=True)
         s = scale.float().unsqueeze(-1)
         zero = torch.round(-lo / scale.float()).clamp(0, qmax)
         q = (torch.round(w / s) + zero.unsqueeze(-1)).clamp(0, qmax)

@@ -1,0 +1,164 @@
+"""QuantLinear on the CPU: packing, round-to-nearest, forward, state_dict, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import lowvm
+from lowvm.dtypes import pack
+from lowvm.kernels.quant_matmul import dequantize_weights, quantize_weights
+from lowvm.nn import backend
+from lowvm.nn.errors import ActivationError, QuantizationError
+from lowvm.nn.packing import pack_rows, unpack_rows
+from lowvm.nn.quant_linear import QuantLinear
+
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+
+
+def _linear(k: int = 256, n: int = 128, bias: bool = True, seed: int = 0) -> torch.nn.Linear:
+    torch.manual_seed(seed)
+    lin = torch.nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.normal_()
+        if bias:
+            lin.bias.normal_()
+    return lin.half()
+
+
+@pytest.mark.parametrize("nbits", range(1, 9))
+def test_pack_rows_is_lowvm_dtypes_pack(nbits):
+    codes = torch.randint(0, 2**nbits, (3, 80), dtype=torch.uint8)
+    packed = pack_rows(codes, nbits)
+    expected = np.stack([pack(row, f"uint{nbits}") for row in codes.numpy()])
+    assert np.array_equal(packed.numpy(), expected)
+    assert torch.equal(unpack_rows(packed, nbits, 80), codes)
+
+
+@pytest.mark.parametrize("wtype", ["int4", "int3", "int8", "e3m2", "e2m1", "float8_e4m3"])
+def test_symmetric_rtn_matches_the_kernel_host_reference(wtype):
+    """Same codes and scales as lowvm.kernels.quant_matmul.quantize_weights (numpy)."""
+    lin = _linear()
+    layer = QuantLinear.from_linear(lin, wtype, group_size=64)
+    packed, scales = quantize_weights(lin.weight.detach().double().numpy(), wtype, 64)
+    assert np.array_equal(layer.scales.numpy(), scales)
+    assert np.array_equal(layer.qweight.numpy(), packed)
+    ref = dequantize_weights(packed, scales, wtype, 64, 256)
+    assert np.array_equal(layer.dequantize(torch.float64).numpy(), ref)
+
+
+@pytest.mark.parametrize("wtype", ["uint4", "uint3", "uint8"])
+def test_zero_point_rtn_error_is_within_half_a_step(wtype):
+    lin = _linear()
+    layer = QuantLinear.from_linear(lin, wtype, group_size=64)
+    assert layer.zeros is not None and layer.spec.zero_point
+    step = layer.scales.float().repeat_interleave(64, dim=0).t()  # [N, K]
+    err = (layer.dequantize() - lin.weight.detach().float()).abs()
+    assert (err <= step / 2 * (1 + 1e-3) + 1e-6).all()
+    zeros = layer.zeros.float()
+    assert torch.equal(zeros, zeros.round()) and zeros.min() >= 0
+    assert zeros.max() <= 2 ** lowvm.dtype(wtype).nbits - 1
+
+
+@pytest.mark.parametrize("act", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5,), (2, 3), (2, 1, 4)])
+def test_forward_matches_float64_reference(act, shape):
+    lin = _linear()
+    layer = QuantLinear.from_linear(lin, "uint4", group_size=64)
+    x = torch.randn(*shape, 256).to(act)
+    y = layer(x)
+    assert y.dtype == act and y.shape == (*shape, 128)
+    ref = x.double() @ layer.dequantize(torch.float64).t() + lin.bias.double()
+    rel = (y.double() - ref).norm() / ref.norm()
+    assert rel < (2e-3 if act == torch.float16 else 1e-2)
+    # and it is a low-bit layer, not the dense one
+    assert not torch.allclose(layer.dequantize(), lin.weight.float())
+
+
+def test_group_size_minus_one_is_one_group_per_row():
+    layer = QuantLinear.from_linear(_linear(), "int4", group_size=-1)
+    assert layer.group_size == 256 and layer.scales.shape == (1, 128)
+
+
+def test_state_dict_round_trip_and_repr():
+    layer = QuantLinear.from_linear(_linear(), "uint3", group_size=128)
+    state = layer.state_dict()
+    assert set(state) == {"qweight", "scales", "zeros", "bias"}
+    fresh = QuantLinear(256, 128, "uint3", 128, bias=True)
+    x = torch.randn(4, 256, dtype=torch.float16)
+    assert not torch.equal(fresh(x), layer(x))
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh(x), layer(x))
+    text = repr(fresh)
+    assert "dtype=uint3" in text and "group_size=128" in text and "in_features=256" in text
+
+
+def test_model_cast_keeps_float16_scales_and_casts_bias():
+    layer = QuantLinear.from_linear(_linear(), "int4", group_size=64)
+    scales = layer.scales.clone()
+    layer.to(torch.bfloat16)
+    assert layer.scales.dtype == torch.float16 and torch.equal(layer.scales, scales)
+    assert layer.bias is not None and layer.bias.dtype == torch.bfloat16
+    layer.float()
+    assert layer.scales.dtype == torch.float16
+    assert list(layer.state_dict()) == ["qweight", "scales", "bias"]
+
+
+def test_cpu_fallback_warns_once():
+    layer = QuantLinear.from_linear(_linear(), "int4", group_size=64)
+    backend._warned.clear()
+    x = torch.randn(2, 256, dtype=torch.float16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        layer(x)
+        layer(x)
+    hits = [w for w in caught if issubclass(w.category, backend.LowvmFallbackWarning)]
+    assert len(hits) == 1 and "reference path" in str(hits[0].message)
+
+
+@pytest.mark.parametrize("bad", ["int32", "float16", "int9", "int1", "nonsense"])
+def test_unsupported_dtype_names_are_lowvm_errors(bad):
+    with pytest.raises(lowvm.DTypeError, match="dtype"):
+        QuantLinear.from_linear(_linear(), bad)
+
+
+def test_group_size_must_divide_in_features():
+    with pytest.raises(QuantizationError, match=r"group_size=96 does not divide in_features=256"):
+        QuantLinear.from_linear(_linear(), "int4", group_size=96)
+    with pytest.raises(QuantizationError, match="group_size"):
+        QuantLinear.from_linear(_linear(), "int4", group_size=0)
+
+
+def test_features_must_fit_the_kernel_tile():
+    with pytest.raises(QuantizationError, match="in_features=200 is not a multiple of 64"):
+        QuantLinear.from_linear(_linear(k=200), "int4", group_size=-1)
+    with pytest.raises(QuantizationError, match="out_features=100 is not a multiple of 64"):
+        QuantLinear.from_linear(_linear(n=100), "int4", group_size=64)
+    with pytest.raises(QuantizationError, match="multiple of 16"):
+        QuantLinear.from_linear(_linear(k=192), "int4", group_size=24)
+
+
+def test_zero_point_rules():
+    with pytest.raises(QuantizationError, match="needs zero points"):
+        QuantLinear.from_linear(_linear(), "uint4", zero_point=False)
+    with pytest.raises(QuantizationError, match="needs an unsigned type"):
+        QuantLinear.from_linear(_linear(), "int4", zero_point=True)
+
+
+def test_from_linear_needs_a_linear():
+    with pytest.raises(QuantizationError, match="torch.nn.Linear"):
+        QuantLinear.from_linear(torch.nn.Conv1d(4, 4, 1), "int4")  # type: ignore[arg-type]
+
+
+def test_activation_errors_name_dtype_shape_and_device():
+    layer = QuantLinear.from_linear(_linear(), "int4", group_size=64)
+    with pytest.raises(ActivationError, match=r"torch.float32.*float16 or torch.bfloat16"):
+        layer(torch.randn(2, 256))
+    with pytest.raises(ActivationError, match="in_features=256"):
+        layer(torch.randn(2, 128, dtype=torch.float16))
+    with pytest.raises(ActivationError, match="meta"):
+        layer(torch.empty(2, 256, dtype=torch.float16, device="meta"))
+    assert isinstance(ActivationError("x"), lowvm.LowvmError)
