@@ -64,7 +64,7 @@ from lowvm.layouts import reduce as reduce_layout
 
 __all__ = [
     "set_grid", "set_warps", "block_index", "grid_dim", "thread_index", "cdiv",
-    "global_view", "load_global", "store_global",
+    "global_view", "load_global", "store_global", "atomic_add",
     "shared_tensor", "free_shared", "load_shared", "store_shared",
     "copy_async", "commit_group", "wait_group",
     "register_tensor", "view", "cast", "permute", "transpose", "assign",
@@ -205,6 +205,17 @@ def store_global(dst: GlobalTensor, src: RegisterTensor,
         raise _fail("store_global: expects (global tensor, register tile, offsets)")
     current().emit(StoreGlobal(dst=dst, src=src, offsets=_offsets(offsets, dst.rank,
                                                                   "store_global"), loc=_loc()))
+
+
+def atomic_add(dst: GlobalTensor, src: RegisterTensor,
+               offsets: Sequence[ExprLike] | None = None) -> None:
+    """Atomically add a float32/int32 tile into ``dst`` at ``offsets`` (split-K sums)."""
+    from lowvm.instructions.atomic import AtomicAdd
+
+    if not isinstance(dst, GlobalTensor) or not isinstance(src, RegisterTensor):
+        raise _fail("atomic_add: expects (global tensor, register tile, offsets)")
+    current().emit(AtomicAdd(dst=dst, src=src, offsets=_offsets(offsets, dst.rank,
+                                                                "atomic_add"), loc=_loc()))
 
 
 def shared_tensor(dtype: DType | str, shape: Sequence[int],

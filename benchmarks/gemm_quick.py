@@ -1,0 +1,102 @@
+"""Quick GEMM timings on the GPU while the full harness (python -m lowvm.bench) matures.
+
+Method as DESIGN.md: CUDA events, warm-up, 512 MB L2 flush before each timed run,
+median of 30; cuBLAS fp16 in the same process. Every lowvm result is first checked
+against a float32 product of the dequantised weight (relative error printed).
+Usage: python benchmarks/gemm_quick.py --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from lowvm.dtypes import decode
+from lowvm.dtypes import dtype as as_dtype
+from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear, quantize_to_codes
+from lowvm.kernels.quant_gemm import GemmSchedule
+
+SHAPES = [(4096, 28672), (4096, 6144), (14336, 4096), (8192, 10240), (28672, 8192)]
+
+
+def timed(fn, flush, runs=30):
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="gemm_quick.json")
+    ap.add_argument("--ms", default="1,16,64,256,4096")
+    ap.add_argument("--types", default="int4")
+    ap.add_argument("--shapes", default="all")
+    ap.add_argument("--splits", action="store_true", help="also time every split for M<=16")
+    args = ap.parse_args()
+    flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    rows = []
+    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    rng = np.random.default_rng(0)
+    for k, n in shapes:
+        w = rng.standard_normal((n, k), dtype=np.float32)
+        wdev = torch.from_numpy(w).to("cuda", torch.float16)
+        for tname in args.types.split(","):
+            wt = as_dtype(tname)
+            t0 = time.time()
+            codes, scales = quantize_to_codes(w, wt, 128)
+            qw = prepare_weight(codes, scales, wt, 128)
+            deq = torch.from_numpy(decode(codes, wt).astype(np.float32)).cuda() * torch.from_numpy(
+                np.repeat(scales.T.astype(np.float32), 128, 1)).cuda()
+            wbytes = qw.packed.numel() + qw.scales.numel() * 2
+            print(f"prepared {tname} {k}x{n} in {time.time() - t0:.1f}s", flush=True)
+            for m in [int(v) for v in args.ms.split(",")]:
+                x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+                base = choose_schedule(m, n, k, qw.bk)
+                splits = [base.split]
+                if args.splits and m <= 16:
+                    splits = sorted({1, 2, 4, 8, base.split})
+                ref = (x.float() @ deq.T)
+                for sp in splits:
+                    s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp)
+                    if (k // s.bk) % sp:
+                        continue
+                    y = quant_linear(x, qw, s)
+                    err = float((y.float() - ref).norm() / ref.norm())
+                    us = timed(lambda s=s, x=x, qw=qw: quant_linear(x, qw, s), flush)
+                    rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
+                                     bm=s.bm, us=us, rel_err=err,
+                                     gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
+                                     floor_us=wbytes / 3.04e6))
+                    print(json.dumps(rows[-1]), flush=True)
+                if tname == args.types.split(",")[0]:
+                    us = timed(lambda x=x, wd=wdev: x @ wd.T, flush)
+                    rows.append(dict(kernel="cublas_fp16", dtype="float16", k=k, n=n, m=m,
+                                     us=us, tflops=2 * m * n * k / us / 1e6,
+                                     gbps=2 * n * k / us / 1e3))
+                    print(json.dumps(rows[-1]), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
+                       torch=torch.__version__, rows=rows), f, indent=1)
+    print("\n kernel       dtype   K      N     M    split   us      GB/s   TFLOP/s  floor_us  err")
+    for r in rows:
+        print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
+              f"{r.get('split', '-')!s:<5} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:7.1f} "
+              f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
+
+
+if __name__ == "__main__":
+    main()

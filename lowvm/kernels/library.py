@@ -1,0 +1,160 @@
+"""Host entry points of the quantized GEMM library: prepare weights once, multiply often.
+
+``prepare_weight`` quantises (or takes codes), repacks for :func:`quant_gemm` and moves
+everything to the GPU; ``quant_linear`` picks a schedule for the batch size, compiles it
+once per specialisation (memory and disk cached), and launches on torch's current
+stream. The repacked format depends only on ``(wtype, bk)``, so decode (M <= 16) and
+prefill schedules share one copy of the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lowvm.dtypes import DType, encode
+from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import LowvmError
+from lowvm.kernels.quant_gemm import GemmSchedule, finish_split, quant_gemm, repack_weights
+
+__all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
+           "NUM_SMS_DEFAULT"]
+
+#: the weight tile width every schedule shares (the repacked format's N tile)
+WEIGHT_BN = 64
+WEIGHT_WARPS_N = 4
+NUM_SMS_DEFAULT = 132
+
+
+def weight_bk(group: int, k: int) -> int:
+    """The K tile of the repacked format: 128, or the group when it is smaller."""
+    g = k if group in (-1, k) else group
+    return min(128, g)
+
+
+@dataclass
+class QuantWeight:
+    """A weight ``[N, K]`` repacked for :func:`quant_gemm`, with its scales, on one device."""
+
+    packed: Any  # torch uint8 [rows, bytes per thread]
+    scales: Any  # torch float16 [K / group, N]
+    wtype: DType
+    group: int
+    n: int
+    k: int
+    bk: int
+
+
+def _check_shape(n: int, k: int, group: int, bk: int) -> None:
+    if n % WEIGHT_BN:
+        raise LowvmError(f"out_features (N) = {n} must be a multiple of {WEIGHT_BN}")
+    if k % group:
+        raise LowvmError(f"group_size = {group} must divide in_features (K) = {k}")
+    if group % bk or k % bk:
+        raise LowvmError(f"in_features (K) = {k} and group_size = {group} must be multiples "
+                         f"of {bk}")
+
+
+def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, group: int,
+                   device: Any = "cuda") -> QuantWeight:
+    """Repack integer codes ``[N, K]`` of ``wtype`` and ``scales [K/group, N]`` for the GPU."""
+    import torch
+
+    wt = as_dtype(wtype)
+    n, k = codes.shape
+    bk = weight_bk(group, k)
+    _check_shape(n, k, group, bk)
+    if scales.shape != (k // group, n):
+        raise LowvmError(f"scales must have shape [K/group, N] = [{k // group}, {n}], got "
+                         f"{list(scales.shape)}")
+    sched = GemmSchedule(bk=bk)
+    packed = repack_weights(np.asarray(codes), wt, sched)
+    return QuantWeight(torch.from_numpy(packed).to(device),
+                       torch.from_numpy(np.ascontiguousarray(scales, np.float16)).to(device),
+                       wt, group, n, k, bk)
+
+
+def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest symmetric group quantisation: ``(codes [N, K], scales [K/g, N])``."""
+    wt = as_dtype(wtype)
+    n, k = weight.shape
+    groups = weight.reshape(n, k // group, group).astype(np.float64)
+    top = max(abs(wt.max_value), abs(wt.min_value)) if wt.kind != "uint" else wt.max_value
+    scales = (np.abs(groups).max(axis=2) / top).astype(np.float16)
+    scales[scales == 0] = 1
+    q = np.clip(groups / scales.astype(np.float64)[..., None], wt.min_value, wt.max_value)
+    return encode(q.reshape(n, k), wt), np.ascontiguousarray(scales.T)
+
+
+def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT
+                    ) -> GemmSchedule:
+    """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill."""
+    if m <= 16:
+        bm, warps_m = 16, 1
+    elif m <= 64:
+        bm, warps_m = 64, 2
+    else:
+        bm, warps_m = 128, 4
+    blocks = (n // WEIGHT_BN) * math.ceil(m / bm)
+    steps = k // bk
+    split = 1
+    while (blocks * split < 2 * num_sms and steps % (2 * split) == 0
+           and steps // (2 * split) >= 4):
+        split *= 2
+    return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
+                        split=split)
+
+
+_COMPILED: dict[tuple, Any] = {}
+
+
+def _compiled(program, **constants):
+    import lowvm
+
+    key = (program.name, tuple(sorted((k, str(v)) for k, v in constants.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = lowvm.compile(program, **constants)
+    return _COMPILED[key]
+
+
+def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
+    """``x [M, K] float16 @ dequant(weight)^T`` -> ``[M, N] float16`` on the GPU."""
+    import torch
+
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float16 or x.dim() != 2:
+        raise LowvmError(f"x must be a 2-D float16 torch tensor, got {getattr(x, 'dtype', x)!r} "
+                         f"of shape {list(getattr(x, 'shape', []))}")
+    if x.shape[1] != weight.k:
+        raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
+    if x.device != weight.packed.device:
+        raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
+    x = x.contiguous()
+    m, n, k = x.shape[0], weight.n, weight.k
+    s = schedule or choose_schedule(m, n, k, weight.bk)
+    if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
+        raise LowvmError(f"schedule {s} does not match the weight's format (bk={weight.bk}, "
+                         f"bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
+    y = torch.empty((m, n), dtype=torch.float16, device=x.device)
+    gemm = _compiled(quant_gemm, wtype=weight.wtype, group=weight.group, **s.constants())
+    if s.split == 1:
+        gemm(m, n, k, x, weight.packed, weight.scales, y, _dummy(x.device))
+        return y
+    ws = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    gemm(m, n, k, x, weight.packed, weight.scales, y, ws)
+    _compiled(finish_split)(m * n, ws, y)
+    return y
+
+
+_DUMMIES: dict[Any, Any] = {}
+
+
+def _dummy(device: Any) -> Any:
+    import torch
+
+    if device not in _DUMMIES:
+        _DUMMIES[device] = torch.zeros(4, dtype=torch.float32, device=device)
+    return _DUMMIES[device]

@@ -1,0 +1,186 @@
+"""The quantized GEMM of the kernel library: ``y = x @ dequant(W)^T`` for 1..8-bit weights.
+
+Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
+
+- **Repacked weights** (:func:`repack_weights`): offline, each ``bk x bn`` weight tile is
+  stored as the concatenated register contents of the threads that hold it in the MMA
+  B-operand layout. A thread's ``load_global`` is then one or a few 16-byte loads, its
+  ``view`` reinterprets those bits as its B fragments, and no shuffle through shared
+  memory is needed: the weight stream goes global -> registers -> tensor cores.
+- **Dequantisation in registers**: ``cast`` to float16 and one multiply by the group's
+  scale (broadcast along K), right before ``dot`` (``mma.sync``).
+- **Activations** ``x`` go through swizzled shared memory (``cp.async`` in, ``ldmatrix``
+  out), so they are read from L2 once per block.
+- **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
+  put every SM to work streaming weights; partial tiles are added atomically into a
+  float32 workspace, which :func:`finish_split` turns into float16.
+- **Prefetch**: the next K step's weights are loaded before the current step's math, so
+  each thread keeps two steps of loads in flight.
+
+Shapes: ``k`` a multiple of ``bk * split``, ``n`` of ``bn``, ``group`` a multiple of
+``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import lowvm.lang as vm
+from lowvm.dtypes import DType, pack, unpack
+from lowvm.dtypes import dtype as as_dtype
+from lowvm.expr import minimum
+from lowvm.ir import ProgramError
+from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
+from lowvm.layouts import RegisterLayout, local, reduce, spatial, swizzle_128b
+
+__all__ = ["quant_gemm", "finish_split", "GemmSchedule", "weight_layouts", "repack_weights",
+           "unpack_repacked"]
+
+
+@dataclass(frozen=True)
+class GemmSchedule:
+    """The compile-time tiling of one :func:`quant_gemm` specialisation."""
+
+    bm: int = 16
+    bn: int = 64
+    bk: int = 128
+    warps_m: int = 1
+    warps_n: int = 4
+    split: int = 1
+
+    def constants(self) -> dict[str, int]:
+        """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
+        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
+                "warps_n": self.warps_n, "split": self.split}
+
+
+@dataclass(frozen=True)
+class WeightLayouts:
+    """Register layouts of a weight tile: as loaded bytes and as MMA B-operand values."""
+
+    mma: BlockMmaLayouts
+    bytes_per_thread: int
+    rows: int  # threads with distinct bytes (warps along N x 32)
+    packed: RegisterLayout  # uint8 [rows, bytes_per_thread]
+    values: RegisterLayout  # wtype [bk, bn] = mma.b
+
+
+def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_n: int
+                   ) -> WeightLayouts:
+    """How a ``bk x bn`` tile of ``wtype`` sits in registers (see module docstring)."""
+    lay = block_mma_layouts(bm, bn, bk, warps_m, warps_n, vm.float16)
+    bits = lay.b.local_size * wtype.nbits
+    if bits % 8:
+        raise ProgramError(
+            f"quant_gemm: a thread's {lay.b.local_size} {wtype.name} values are {bits} bits, "
+            "not whole bytes; use a larger bk or bn")
+    rows = warps_n * 32
+    packed = reduce(spatial(warps_m, rows, 1), [0]) * local(1, bits // 8)
+    return WeightLayouts(lay, bits // 8, rows, packed, lay.b)
+
+
+@vm.program
+def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
+               w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
+               ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
+               bm: int = 16, bn: int = 64, bk: int = 128, warps_m: int = 1, warps_n: int = 4,
+               split: int = 1):
+    """``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in float32 when split > 1)."""
+    vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n)
+    lay = lw.mma
+    vm.set_warps(warps_m * warps_n)
+    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
+    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
+    n_tiles = n // bn
+    k_steps = k // bk // split
+    k_tile0 = vm.block_index(1) * k_steps
+
+    gx = vm.global_view(x, [m, k])
+    # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * lw.rows, +lw.rows)
+    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.rows, lw.bytes_per_thread])
+    gs = vm.global_view(scales, [k // group, n])
+    scale_layout = reduce(lay.b, [0], keepdims=True)
+
+    sx = vm.shared_tensor(vm.float16, [bm, bk], swizzle_128b(bm, bk, vm.float16))
+    acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
+    packed = vm.load_global(gw, [(k_tile0 * n_tiles + vm.block_index(0)) * lw.rows, 0],
+                            [lw.rows, lw.bytes_per_thread], lw.packed)
+    for kk in vm.range(k_steps):
+        kt = k_tile0 + kk
+        vm.copy_async(sx, gx, [row0, kt * bk])
+        vm.commit_group()
+        # prefetch the next step's weights (the last step re-reads its own tile)
+        nxt_kt = minimum(kt + 1, k_tile0 + k_steps - 1)
+        nxt = vm.load_global(gw, [(nxt_kt * n_tiles + vm.block_index(0)) * lw.rows, 0],
+                             [lw.rows, lw.bytes_per_thread], lw.packed)
+        q = vm.view(packed, wtype, lw.values)
+        scale = vm.load_global(gs, [kt * bk // group, col0], [1, bn], scale_layout)
+        wk = vm.cast(q, vm.float16) * scale
+        vm.wait_group(0)
+        vm.sync()
+        xa = vm.load_shared(sx, lay.a)
+        vm.dot(xa, wk, acc, out=acc)
+        vm.assign(packed, nxt)
+        vm.sync()
+    if split == 1:
+        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, vm.float16), [row0, col0])
+    else:
+        vm.atomic_add(vm.global_view(ws, [m, n]), acc, [row0, col0])
+    vm.free_shared(sx)
+
+
+@vm.program(warps=4)
+def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
+    """``y = float16(ws)``, 8 elements per thread (the split-K epilogue)."""
+    per = 8
+    block = 128 * per
+    vm.set_grid(vm.cdiv(total, block))
+    lay = vm.spatial(128).local(per)
+    acc = vm.load_global(vm.global_view(ws, [total]), [vm.block_index(0) * block], [block], lay)
+    vm.store_global(vm.global_view(y, [total]), vm.cast(acc, vm.float16),
+                    [vm.block_index(0) * block])
+
+
+# ---------------------------------------------------------------------------------------
+# offline weight repacking (host, numpy) and its inverse
+
+
+def _tile_table(lw: WeightLayouts) -> np.ndarray:
+    """``[rows, values per thread, 2]`` (k, n) inside a tile, for the distinct threads."""
+    return np.asarray(lw.values.table[: lw.rows])
+
+
+def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
+                   ) -> np.ndarray:
+    """Codes ``[N, K]`` (integers of ``wtype``) -> repacked bytes for :func:`quant_gemm`."""
+    wt = as_dtype(wtype)
+    n, k = codes.shape
+    s = schedule
+    lw = weight_layouts(wt, s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
+    table = _tile_table(lw)
+    kt = np.arange(k // s.bk)[:, None, None, None]
+    nt = np.arange(n // s.bn)[None, :, None, None]
+    rows = nt * s.bn + table[None, None, :, :, 1]
+    cols = kt * s.bk + table[None, None, :, :, 0]
+    stream = codes[rows, cols]  # [KT, NT, rows, values]
+    return pack(stream.reshape(-1), wt).reshape(-1, lw.bytes_per_thread)
+
+
+def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
+                    schedule: GemmSchedule) -> np.ndarray:
+    """The inverse of :func:`repack_weights`: codes ``[N, K]``."""
+    wt = as_dtype(wtype)
+    s = schedule
+    lw = weight_layouts(wt, s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
+    table = _tile_table(lw)
+    kt_n, nt_n = k // s.bk, n // s.bn
+    values = unpack(packed.reshape(-1), wt, kt_n * nt_n * table.shape[0] * table.shape[1])
+    values = values.reshape(kt_n, nt_n, *table.shape[:2])
+    codes = np.zeros((n, k), dtype=values.dtype)
+    kt = np.arange(kt_n)[:, None, None, None]
+    nt = np.arange(nt_n)[None, :, None, None]
+    codes[nt * s.bn + table[None, None, :, :, 1], kt * s.bk + table[None, None, :, :, 0]] = values
+    return codes
