@@ -129,14 +129,20 @@ class SharedTensor(Tensor):
 
 @dataclass(frozen=True, eq=False)
 class RegisterTensor(Tensor):
-    """A tile in registers: element ``layout.logical_index(t, l)`` lives in thread t."""
+    """A tile in registers: element ``layout.logical_index(t, l)`` lives in thread t.
+
+    ``layout`` is None while it is unknown: the author left it out and layout inference
+    (:mod:`lowvm.passes.layout_inference`, run by every ``build``) has not assigned it
+    yet. Checks that compare layouts wait until it is known.
+    """
 
     shape: tuple[int, ...]
-    layout: RegisterLayout
+    layout: RegisterLayout | None
 
     def type_str(self) -> str:
         """``float32[16, 8] local(2, 1).spatial(8, 4).local(1, 2)`` style text."""
-        return f"{self.dtype.name}[{', '.join(map(str, self.shape))}] {self.layout}"
+        layout = "<layout to infer>" if self.layout is None else str(self.layout)
+        return f"{self.dtype.name}[{', '.join(map(str, self.shape))}] {layout}"
 
     # Python operators build VM instructions through the authoring front end.
     def _op(self, name: str, *args):

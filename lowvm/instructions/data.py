@@ -61,6 +61,8 @@ class View(Instruction):
 
     def check(self) -> None:
         a, b = self.src, self.out
+        if a.layout is None or b.layout is None:
+            return  # checked again once layout inference has assigned them
         if a.layout.num_threads != b.layout.num_threads:
             raise self.error(
                 f"%{a.name} is spread over {a.layout.num_threads} threads, the view over "
@@ -94,7 +96,8 @@ class Cast(Instruction):
     src: RegisterTensor
 
     def check(self) -> None:
-        if self.out.layout != self.src.layout:
+        known = self.out.layout is not None and self.src.layout is not None
+        if known and self.out.layout != self.src.layout:
             raise self.error("a cast keeps the layout of its source")
 
     def interpret(self, st: BlockState) -> None:
@@ -132,6 +135,8 @@ class Permute(_SameRegisters, Instruction):
     dims: tuple[int, ...]
 
     def check(self) -> None:
+        if self.src.layout is None or self.out.layout is None:
+            return  # checked again once layout inference has assigned them
         if self.out.layout != permute(self.src.layout, self.dims):
             raise self.error("the result layout must be the permuted source layout")
 
@@ -148,7 +153,8 @@ class Assign(_SameRegisters, Instruction):
 
     def check(self) -> None:
         a, b = self.src, self.out
-        if a.dtype != b.dtype or a.shape != b.shape or a.layout != b.layout:
+        known = a.layout is not None and b.layout is not None
+        if a.dtype != b.dtype or a.shape != b.shape or (known and a.layout != b.layout):
             raise self.error(
                 f"cannot assign {a.type_str()} to {b.type_str()}: type, shape and layout "
                 "must match"

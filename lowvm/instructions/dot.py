@@ -57,7 +57,8 @@ class Dot(Instruction):
             raise self.error(
                 f"{a.dtype.name} operands accumulate in {acc.name}; c is {c.dtype.name}"
             )
-        if self.out.layout != c.layout:
+        known = self.out.layout is not None and c.layout is not None
+        if known and self.out.layout != c.layout:
             raise self.error("the result has the layout of c")
 
     def interpret(self, st: BlockState) -> None:

@@ -123,7 +123,8 @@ class Elementwise(Instruction):
                     f"shape mismatch: %{t.name} has shape {list(t.shape)}, which does not "
                     f"broadcast to {list(self.out.shape)}"
                 )
-            gather_map(self.out, t, f"{self.op} at {self.loc}" if self.loc else self.op)
+            if t.layout is not None and self.out.layout is not None:  # else: inference
+                gather_map(self.out, t, f"{self.op} at {self.loc}" if self.loc else self.op)
 
     def interpret(self, st: BlockState) -> None:
         inputs = []

@@ -44,6 +44,8 @@ class Reduce(Instruction):
             raise self.error(f"unknown reduction {self.op!r}; accepted: {sorted(REDUCE_OPS)}")
         if not 0 <= self.dim < self.src.rank:
             raise self.error(f"dim {self.dim} is outside the rank-{self.src.rank} tile")
+        if self.src.layout is None or self.out.layout is None:
+            return  # checked again once layout inference has assigned them
         expected = reduce_layout(self.src.layout, [self.dim], keepdims=self.keepdims)
         if self.out.layout != expected:
             raise self.error(f"result layout must be {expected}")

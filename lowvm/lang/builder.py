@@ -161,9 +161,15 @@ class Builder:
             )
         self.tiles_created = True
 
-    def register(self, dtype: DType, shape: tuple[int, ...], layout: RegisterLayout,
+    def register(self, dtype: DType, shape: tuple[int, ...], layout: RegisterLayout | None,
                  what: str, hint: str = "r") -> RegisterTensor:
-        """A new register tile, its layout checked against shape and thread count."""
+        """A new register tile, its layout checked against shape and thread count.
+
+        ``layout=None`` leaves the layout to layout inference (run when the program is
+        built), so neither it nor the number of warps is needed yet.
+        """
+        if layout is None:
+            return RegisterTensor(self.fresh(hint), dtype, tuple(shape), None)
         self.check_layout(layout, what)
         if tuple(shape) != layout.shape:
             raise ProgramError(

@@ -110,7 +110,8 @@ def _out_or_new(out: RegisterTensor | None, dtype: DType, shape: tuple[int, ...]
         return b.register(dtype, shape, layout, what)
     if not isinstance(out, RegisterTensor):
         raise _fail(f"{what}: out must be a register tile, got {type(out).__name__}")
-    if out.dtype != dtype or out.shape != shape or out.layout != layout:
+    known = out.layout is not None and layout is not None  # else inference decides
+    if out.dtype != dtype or out.shape != shape or (known and out.layout != layout):
         raise _fail(
             f"{what}: out=%{out.name} is {out.type_str()} but the result is "
             f"{dtype.name}[{', '.join(map(str, shape))}] {layout}"
@@ -187,8 +188,12 @@ def global_view(ptr: Pointer, shape: Sequence[ExprLike], strides: Sequence[ExprL
 
 
 def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Sequence[int],
-                layout: RegisterLayout) -> RegisterTensor:
-    """Load the tile of ``shape`` at ``offsets``; elements outside the tensor read as 0."""
+                layout: RegisterLayout | None = None) -> RegisterTensor:
+    """Load the tile of ``shape`` at ``offsets``; elements outside the tensor read as 0.
+
+    Without ``layout``, layout inference picks it: the one its consumers need, else
+    contiguous 16-byte runs per thread along the last dim.
+    """
     if not isinstance(src, GlobalTensor):
         raise _fail(f"load_global: src must be a global tensor, got {type(src).__name__}")
     shape = _static_shape(shape, "load_global")
@@ -239,9 +244,12 @@ def free_shared(tensor: SharedTensor) -> None:
     current().give_shared(tensor.nbytes)
 
 
-def load_shared(src: SharedTensor, layout: RegisterLayout, offsets: Sequence[ExprLike] | None
-                = None, shape: Sequence[int] | None = None) -> RegisterTensor:
+def load_shared(src: SharedTensor, layout: RegisterLayout | None = None,
+                offsets: Sequence[ExprLike] | None = None, shape: Sequence[int] | None = None
+                ) -> RegisterTensor:
     """Load a tile (the whole shared tile unless ``shape``/``offsets`` say otherwise).
+
+    Without ``layout``, layout inference picks it (e.g. the MMA layout a ``dot`` needs).
 
     The tile may have fewer dims than ``src`` (e.g. one stage of ``[stages, rows, cols]``):
     ``offsets`` still has ``src``'s rank, and the leading dims are selected by offset only.
@@ -303,9 +311,10 @@ def wait_group(n: int = 0) -> None:
 # data
 
 
-def register_tensor(dtype: DType | str, shape: Sequence[int], layout: RegisterLayout,
-                    init: ExprLike = 0) -> RegisterTensor:
-    """A register tile filled with ``init``."""
+def register_tensor(dtype: DType | str, shape: Sequence[int],
+                    layout: RegisterLayout | None = None, init: ExprLike = 0
+                    ) -> RegisterTensor:
+    """A register tile filled with ``init`` (layout inferred from its uses if omitted)."""
     dt = as_dtype(dtype)
     out = current().register(dt, _static_shape(shape, "register_tensor"), layout,
                              "register_tensor")
@@ -313,10 +322,34 @@ def register_tensor(dtype: DType | str, shape: Sequence[int], layout: RegisterLa
     return out
 
 
-def view(x: RegisterTensor, dtype: DType | str, layout: RegisterLayout) -> RegisterTensor:
-    """Reinterpret each thread's bits of ``x`` as ``dtype`` laid out by ``layout``."""
-    out = current().register(as_dtype(dtype), layout.shape, layout, "view")
-    current().emit(View(out=out, src=_tile(x, "view"), loc=_loc()))
+def view(x: RegisterTensor, dtype: DType | str, layout: RegisterLayout | None = None,
+         shape: Sequence[int] | None = None) -> RegisterTensor:
+    """Reinterpret each thread's bits of ``x`` as ``dtype`` laid out by ``layout``.
+
+    Without ``layout`` the shape is ``x``'s with the last dim rescaled by the ratio of
+    the types' bit widths (``shape=`` overrides), and inference derives the layout from
+    ``x``'s: the same threads, each keeping its bits.
+    """
+    x = _tile(x, "view")
+    dt = as_dtype(dtype)
+    if layout is not None:
+        if not isinstance(layout, RegisterLayout):
+            raise _fail(f"view: layout must be a RegisterLayout, got {layout!r}")
+        if shape is not None and tuple(shape) != layout.shape:
+            raise _fail(f"view: shape {list(shape)} differs from the layout's shape "
+                        f"{list(layout.shape)}")
+        shape_t = layout.shape
+    elif shape is not None:
+        shape_t = _static_shape(shape, "view")
+    else:
+        bits = x.shape[-1] * x.dtype.nbits
+        if bits % dt.nbits:
+            raise _fail(f"view: the last dim of %{x.name} ({x.shape[-1]} x {x.dtype.nbits} "
+                        f"bits) is not a whole number of {dt.nbits}-bit {dt.name} values; "
+                        "pass shape=... (and layout=...)")
+        shape_t = (*x.shape[:-1], bits // dt.nbits)
+    out = current().register(dt, shape_t, layout, "view")
+    current().emit(View(out=out, src=x, loc=_loc()))
     return out
 
 
@@ -335,8 +368,9 @@ def permute(x: RegisterTensor, dims: Sequence[int]) -> RegisterTensor:
     dims = tuple(dims)
     if sorted(dims) != list(builtins.range(x.rank)):
         raise _fail(f"permute: dims must be a permutation of 0..{x.rank - 1}, got {list(dims)}")
-    lay = permute_layout(x.layout, dims)
-    out = current().register(x.dtype, lay.shape, lay, "permute")
+    lay = None if x.layout is None else permute_layout(x.layout, dims)
+    shape = tuple(x.shape[d] for d in dims)
+    out = current().register(x.dtype, shape, lay, "permute")
     current().emit(Permute(out=out, src=x, dims=dims, loc=_loc()))
     return out
 
@@ -387,9 +421,7 @@ def _elementwise(op: str, *args, out: RegisterTensor | None = None,
             layout = out.layout
         elif full:
             layout = full[0].layout
-        else:
-            raise _fail(f"{op}: no operand has the result shape {list(shape_t)}; pass "
-                        "layout=... for the result")
+        # else: no operand has the result's shape; layout inference gives it one
     result_type = BOOL if op in COMPARISONS else dtype
     result = _out_or_new(out, result_type, shape_t, layout, op)
     operands = tuple(a if isinstance(a, RegisterTensor) else as_expr(a) for a in args)
@@ -443,8 +475,10 @@ def reduce(x: RegisterTensor, dim: int, op: str = "sum", keepdims: bool = False
     if not isinstance(dim, int) or not -x.rank <= dim < x.rank:
         raise _fail(f"reduce: dim must be in [{-x.rank}, {x.rank}), got {dim!r}")
     dim %= x.rank
-    lay = reduce_layout(x.layout, [dim], keepdims=keepdims)
-    out = current().register(x.dtype, lay.shape, lay, "reduce")
+    lay = None if x.layout is None else reduce_layout(x.layout, [dim], keepdims=keepdims)
+    shape = tuple(1 if d == dim else s for d, s in enumerate(x.shape)) if keepdims else (
+        tuple(s for d, s in enumerate(x.shape) if d != dim) or (1,))
+    out = current().register(x.dtype, shape, lay, "reduce")
     current().emit(Reduce(out=out, src=x, op=op, dim=dim, keepdims=keepdims, loc=_loc()))
     return out
 

@@ -123,7 +123,10 @@ class ProgramTemplate:
         except TypeError:
             key = repr(key)
         if key not in self._cache:
-            self._cache[key] = self._trace(values)
+            from lowvm.passes.layout_inference import infer_layouts
+
+            # every tile gets a concrete layout before anything else sees the program
+            self._cache[key] = infer_layouts(self._trace(values))
         return self._cache[key]
 
     def _trace(self, constants: dict[str, Any]) -> Program:
