@@ -15,7 +15,7 @@ from lowvm.kernels.mma_tiling import block_mma_layouts
 @vm.program
 def matmul_f16(m: vm.int32, n: vm.int32, k: vm.int32, a: vm.ptr[vm.float16],
                b: vm.ptr[vm.float16], c: vm.ptr[vm.float16], bm: int = 64, bn: int = 64,
-               bk: int = 32, warps_m: int = 2, warps_n: int = 2):
+               bk: int = 32, warps_m: int = 2, warps_n: int = 2, stages: int | None = None):
     """``c[m, n] = a[m, k] @ b[k, n]`` (row-major, float16 in and out)."""
     vm.set_warps(warps_m * warps_n)
     vm.set_grid(vm.cdiv(n, bn), vm.cdiv(m, bm))
@@ -25,7 +25,7 @@ def matmul_f16(m: vm.int32, n: vm.int32, k: vm.int32, a: vm.ptr[vm.float16],
     sa = vm.shared_tensor(vm.float16, [bm, bk])
     sb = vm.shared_tensor(vm.float16, [bk, bn])
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    for kk in vm.range(vm.cdiv(k, bk)):
+    for kk in vm.range(vm.cdiv(k, bk), stages=stages):
         vm.copy_async(sa, ga, [row0, kk * bk])
         vm.copy_async(sb, gb, [kk * bk, col0])
         vm.commit_group()

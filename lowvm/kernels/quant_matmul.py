@@ -28,7 +28,7 @@ _THREADS_PER_ROW = 2
 def quant_matmul(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                  w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
                  wtype: vm.constexpr = vm.int4, group: int = 64, bm: int = 32, bn: int = 64,
-                 bk: int = 64, warps_m: int = 2, warps_n: int = 2):
+                 bk: int = 64, warps_m: int = 2, warps_n: int = 2, stages: int | None = None):
     """``y[m, n] = x[m, k] @ dequant(w)^T``; ``k`` a multiple of ``bk``, ``bk | group``."""
     bits = wtype.nbits
     threads = 32 * warps_m * warps_n
@@ -56,7 +56,7 @@ def quant_matmul(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     sx = vm.shared_tensor(vm.float16, [bm, bk])
     sw = vm.shared_tensor(vm.float16, [bn, bk])
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    for kk in vm.range(k // bk):
+    for kk in vm.range(k // bk, stages=stages):
         vm.copy_async(sx, gx, [row0, kk * bk])
         vm.commit_group()
         packed = vm.load_global(gw, [col0, kk * bytes_per_thread * _THREADS_PER_ROW],

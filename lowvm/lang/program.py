@@ -126,7 +126,12 @@ class ProgramTemplate:
             from lowvm.passes.layout_inference import infer_layouts
 
             # every tile gets a concrete layout before anything else sees the program
-            self._cache[key] = infer_layouts(self._trace(values))
+            program = infer_layouts(self._trace(values))
+            # loops with vm.range(stages=...) become pipelines here, so the interpreter
+            # and codegen both run the pipelined program (after layout inference)
+            from lowvm.passes.software_pipeline import pipeline_loops
+
+            self._cache[key] = pipeline_loops(program, self.max_shared_bytes)
         return self._cache[key]
 
     def _trace(self, constants: dict[str, Any]) -> Program:

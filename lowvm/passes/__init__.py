@@ -13,6 +13,7 @@ from collections.abc import Callable
 from lowvm.ir import Program
 from lowvm.passes.instruction_selection import select_instructions
 from lowvm.passes.rewrite import map_instructions, map_statements
+from lowvm.passes.software_pipeline import pipeline_loops
 from lowvm.passes.vectorize import vectorize
 
 __all__ = ["PIPELINE", "run_passes", "map_instructions", "map_statements"]
@@ -23,6 +24,7 @@ Pass = Callable[[Program], Program]
 PIPELINE: list[tuple[str, Pass]] = [
     ("vectorize", vectorize),
     ("instruction_selection", select_instructions),
+    ("software_pipeline", pipeline_loops),
 ]
 
 
