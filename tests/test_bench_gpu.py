@@ -1,0 +1,69 @@
+"""GPU tests of the benchmark harness: timing, bandwidth, adapters, a small full run."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_time_cuda_and_hbm_bandwidth_are_plausible():
+    import torch
+
+    from lowvm.bench.timing import L2Flusher, measure_hbm, time_cuda
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    small = time_cuda(lambda: a[:64] @ a[:64].t(), runs=30, flush=L2Flusher())
+    big = time_cuda(lambda: a @ a, runs=30, flush=L2Flusher())
+    assert 0 < small.min_us <= small.median_us <= small.p90_us
+    assert big.median_us > small.median_us
+    bw = measure_hbm(nbytes=1 << 30)
+    assert 0.5 < bw.read_tbps < 10 and 0.5 < bw.copy_tbps < 10
+
+
+@pytest.mark.parametrize("wtype", ["int4", "int3"])
+def test_lowvm_entry_matches_its_dequantised_weight(wtype):
+    import torch
+
+    from lowvm.bench import lowvm_entry
+
+    w = (torch.randn(256, 512, device="cuda") / 20).to(torch.float16)
+    prep = lowvm_entry.prepare(w, wtype, 128)
+    x = torch.randn(7, 512, device="cuda", dtype=torch.float16)
+    y = lowvm_entry.run(prep, x)
+    ref = x.double() @ lowvm_entry.dequantized(prep).double().t()
+    assert y.shape == (7, 256) and y.dtype == torch.float16
+    assert (torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref)) < 3e-3
+
+
+def test_tinygemm_on_cuda_matches_its_dequantised_weight():
+    import torch
+
+    from lowvm.bench import tinygemm
+
+    w = torch.randn(256, 1024, device="cuda")
+    tg = tinygemm.prepare(w, 128)
+    x = torch.randn(5, 1024, device="cuda", dtype=torch.bfloat16)
+    y = tinygemm.run(tg, x).double()
+    ref = x.double() @ tinygemm.dequantize(tg.codes, tg.scales_and_zeros, 128).t()
+    assert (torch.linalg.vector_norm(y - ref) / torch.linalg.vector_norm(ref)) < 1.6e-2
+
+
+def test_a_small_run_measures_every_kernel_and_writes_valid_json(tmp_path, capsys):
+    from lowvm.bench import cli, results
+
+    out = tmp_path / "r.json"
+    rc = cli.main(["--shape", "1024,512", "--m", "1,16,64", "--dtype", "int4,int3",
+                   "--group", "128", "--max-run-ms", "5000", "--out", str(out), "--anchors"])
+    assert rc == 0
+    doc = results.load(out)
+    kernels = {r["kernel"] for r in doc["rows"]}
+    assert kernels == {"lowvm_int4_g128", "lowvm_int3_g128", "cublas_fp16", "cublas_bf16",
+                       "tinygemm_int4_g128"}
+    assert len(doc["rows"]) == 15
+    bad = [r for r in doc["rows"] if r["status"] != "ok"]
+    assert not bad, bad
+    assert all(r["rel_err"] is not None and r["pct_floor"] > 0 for r in doc["rows"])
+    assert doc["hbm"]["read_tbps"] > 0.5 and doc["gpu"]
+    text = capsys.readouterr().out
+    assert "lowvm_int3_g128" in text and "recorded 2026-11-22" in text
