@@ -42,7 +42,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lowvm.expr import BinOp, Const, Expr, Select, UnaryOp, Var, as_expr, const_value
+from lowvm.expr import BinOp, Const, Expr, Select, UnaryOp, Var, as_expr, const_value, select
+from lowvm.expr import _binary as rebuild_binary  # the folding constructor of BinOp
+from lowvm.expr import _unary as rebuild_unary
 from lowvm.instructions import (
     AllocShared,
     CommitGroup,
@@ -84,7 +86,7 @@ def staged_layout(layout: SharedLayout, stages: int, elem_bits: int) -> SharedLa
     layout is ``s * stride + layout``.
     """
     span = max(layout.cosize, int(layout.offsets().max()) + 1)
-    unit = max(1, 128 // elem_bits) if elem_bits <= 128 else 1
+    unit = max(1, 128 // elem_bits)  # elements per 16 bytes
     sw = layout.swizzle
     if sw is not None:
         unit = math.lcm(unit, 1 << (sw.base + sw.shift + sw.bits))
@@ -98,16 +100,11 @@ def substitute(expr: Expr, var: Var, value: Expr) -> Expr:
     if isinstance(e, Var):
         return value if e == var else e
     if isinstance(e, BinOp):
-        from lowvm.expr import _binary
-
-        return _binary(e.op, substitute(e.lhs, var, value), substitute(e.rhs, var, value))
+        return rebuild_binary(e.op, substitute(e.lhs, var, value),
+                              substitute(e.rhs, var, value))
     if isinstance(e, UnaryOp):
-        from lowvm.expr import _unary
-
-        return _unary(e.op, substitute(e.operand, var, value))
+        return rebuild_unary(e.op, substitute(e.operand, var, value))
     if isinstance(e, Select):
-        from lowvm.expr import select
-
         return select(substitute(e.cond, var, value), substitute(e.then, var, value),
                       substitute(e.other, var, value))
     return e
