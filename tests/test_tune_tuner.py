@@ -1,0 +1,232 @@
+"""CPU tests of the tuning cache and the autotuner, with fake measure functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lowvm.tune import (
+    H100_SXM,
+    Autotuner,
+    Problem,
+    Schedule,
+    TuneCache,
+    TuneError,
+    TuneKey,
+    default_cache_path,
+    estimate,
+    m_bucket,
+    rank,
+    schedule_space,
+)
+from lowvm.tune import cache as cache_mod
+
+PROBLEM = Problem(1, 4096, 4096, 4, 128)
+
+
+class FakeMeasure:
+    """Seconds from a formula; remembers every schedule it was asked about."""
+
+    def __init__(self, fn=None):
+        self.fn = fn or (lambda s: estimate(s, PROBLEM, H100_SXM).seconds)
+        self.calls: list[Schedule] = []
+
+    def __call__(self, s: Schedule) -> float:
+        self.calls.append(s)
+        return self.fn(s)
+
+
+def _tuner(tmp_path, measure, **kw):
+    return Autotuner(measure, H100_SXM, cache=TuneCache(tmp_path / "tune.json"),
+                     progress=False, **kw)
+
+
+# -- cache -------------------------------------------------------------------------------
+
+def test_m_buckets_are_powers_of_two_capped():
+    assert [m_bucket(m) for m in (1, 2, 3, 4, 5, 16, 17, 4096, 5000, 100000)] == [
+        1, 2, 4, 4, 8, 16, 32, 4096, 8192, 8192]
+    with pytest.raises(TuneError):
+        m_bucket(0)
+
+
+def test_key_holds_every_part():
+    key = TuneKey.for_problem("NVIDIA H100 80GB HBM3", "int4", 128, 28672, 4096, 3)
+    assert key.m_bucket == 4
+    assert str(key) == "NVIDIA H100 80GB HBM3|int4|g128|n28672|k4096|m4"
+
+
+def test_cache_location_env_var_then_user_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("LOWVM_TUNE_CACHE", str(tmp_path / "x.json"))
+    assert default_cache_path() == tmp_path / "x.json"
+    assert TuneCache().path == tmp_path / "x.json"
+    monkeypatch.delenv("LOWVM_TUNE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_path() == tmp_path / "xdg" / "lowvm" / "tune.json"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_cache_path() == tmp_path / "home" / ".cache" / "lowvm" / "tune.json"
+
+
+def test_cache_put_get_and_keep_other_writers_entries(tmp_path):
+    path = tmp_path / "sub" / "tune.json"
+    a, b = TuneCache(path), TuneCache(path)   # two processes sharing one file
+    k1 = TuneKey("gpu", "int4", 128, 64, 64, 1)
+    k2 = TuneKey("gpu", "int4", 128, 64, 64, 2)
+    assert a.get(k1) is None
+    a.put(k1, {"seconds": 1.0})
+    b.put(k2, {"seconds": 2.0})
+    assert a.get(k1) == {"seconds": 1.0} and a.get(k2) == {"seconds": 2.0}
+    assert json.loads(path.read_text())["version"] == 1
+    assert sorted(p.name for p in path.parent.iterdir()) == ["tune.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    cache = TuneCache(tmp_path / "tune.json")
+    key = TuneKey("gpu", "int4", 128, 64, 64, 1)
+    cache.put(key, {"seconds": 1.0})
+    before = (tmp_path / "tune.json").read_text()
+
+    def broken_dump(obj, f, **kw):
+        f.write('{"version": 1, "entr')
+        raise OSError("disk full")
+
+    monkeypatch.setattr(cache_mod.json, "dump", broken_dump)
+    with pytest.raises(OSError, match="disk full"):
+        cache.put(TuneKey("gpu", "int4", 128, 64, 64, 2), {"seconds": 2.0})
+    assert (tmp_path / "tune.json").read_text() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["tune.json"]
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"version": 1}'])
+def test_a_foreign_or_corrupt_cache_is_an_error_naming_the_file(tmp_path, text):
+    (tmp_path / "tune.json").write_text(text)
+    cache = TuneCache(tmp_path / "tune.json")
+    with pytest.raises(TuneError, match="tune.json"):
+        cache.get(TuneKey("gpu", "int4", 128, 64, 64, 1))
+    with pytest.raises(TuneError):
+        cache.put(TuneKey("gpu", "int4", 128, 64, 64, 1), {})
+    assert (tmp_path / "tune.json").read_text() == text   # the user's file is untouched
+
+
+# -- tuner -------------------------------------------------------------------------------
+
+def test_the_model_prunes_the_space_to_top_k(tmp_path):
+    fake = FakeMeasure()
+    result = _tuner(tmp_path, fake, top_k=5).tune(PROBLEM, "int4")
+    ranked = [s for s, _ in rank(schedule_space("decode"), PROBLEM, H100_SXM)]
+    assert result.measured == len(fake.calls) == 5
+    assert result.space_size == len(ranked) > 100
+    assert fake.calls == ranked[:5]                   # the model's best five, in order
+    assert result.schedule in ranked[:5] and not result.from_cache
+    assert result.seconds == min(fake.fn(s) for s in ranked[:5])
+
+
+def test_the_best_measured_wins_even_when_the_model_ranked_it_lower(tmp_path):
+    ranked = [s for s, _ in rank(schedule_space("decode"), PROBLEM, H100_SXM)]
+    favourite = ranked[3]
+    fake = FakeMeasure(lambda s: 1e-6 if s == favourite else 5e-6)
+    result = _tuner(tmp_path, fake, top_k=8).tune(PROBLEM, "int4")
+    assert result.schedule == favourite and result.seconds == 1e-6
+    assert result.model_pick == ranked[0] and result.model_pick_seconds == 5e-6
+
+
+def test_cache_hit_measures_nothing_and_bucket_neighbours_share(tmp_path):
+    fake = FakeMeasure()
+    tuner = _tuner(tmp_path, fake, top_k=3)
+    first = tuner.tune(Problem(3, 4096, 4096, 4, 128), "int4")
+    assert not first.from_cache and len(fake.calls) == 3
+    again = tuner.tune(Problem(4, 4096, 4096, 4, 128), "int4")     # same bucket (4)
+    assert again.from_cache and again.schedule == first.schedule and len(fake.calls) == 3
+    assert again.seconds == first.seconds
+
+
+@pytest.mark.parametrize("change", [
+    dict(problem=Problem(5, 4096, 4096, 4, 128)),      # bucket 8
+    dict(problem=Problem(3, 8192, 4096, 4, 128)),      # N
+    dict(problem=Problem(3, 4096, 8192, 4, 128)),      # K
+    dict(problem=Problem(3, 4096, 4096, 4, 64)),       # group
+    dict(dtype="int3"),                                 # dtype
+    dict(gpu="NVIDIA H200"),                            # GPU
+])
+def test_each_part_of_the_key_separates_entries(tmp_path, change):
+    fake = FakeMeasure()
+    _tuner(tmp_path, fake, top_k=2).tune(Problem(3, 4096, 4096, 4, 128), "int4")
+    gpu = H100_SXM.with_(name=change.get("gpu", H100_SXM.name))
+    other = Autotuner(fake, gpu, cache=TuneCache(tmp_path / "tune.json"), top_k=2,
+                      progress=False)
+    result = other.tune(change.get("problem", Problem(3, 4096, 4096, 4, 128)),
+                        change.get("dtype", "int4"))
+    assert not result.from_cache and len(fake.calls) == 4
+
+
+def test_force_retunes_and_overwrites(tmp_path):
+    fake = FakeMeasure()
+    tuner = _tuner(tmp_path, fake, top_k=2)
+    tuner.tune(PROBLEM, "int4")
+    forced = tuner.tune(PROBLEM, "int4", force=True)
+    assert not forced.from_cache and len(fake.calls) == 4
+
+
+def test_exhaustive_mode_reports_how_close_the_model_came(tmp_path):
+    space = schedule_space("decode")[:60]
+    ranked = [s for s, _ in rank(space, PROBLEM, H100_SXM)]
+    truth = {s: 10e-6 + i * 1e-7 for i, s in enumerate(reversed(ranked))}  # model is backwards
+    fake = FakeMeasure(lambda s: truth[s])
+    result = _tuner(tmp_path, fake, top_k=4).tune(PROBLEM, "int4", space=space,
+                                                  exhaustive=True)
+    assert result.exhaustive and result.measured == len(ranked) == len(fake.calls)
+    assert result.schedule == ranked[-1] and result.seconds == 10e-6
+    assert result.best_rank_in_model == len(ranked)
+    assert result.model_pick == ranked[0]
+    assert result.model_gap == pytest.approx(truth[ranked[0]] / 10e-6 - 1)
+    assert result.topk_gap == pytest.approx(min(truth[s] for s in ranked[:4]) / 10e-6 - 1)
+    assert "slower than the best" in result.summary()
+
+
+def test_exhaustive_mode_with_a_faithful_model_has_no_gap(tmp_path):
+    space = schedule_space("decode")[:80]
+    result = _tuner(tmp_path, FakeMeasure(), top_k=4).tune(PROBLEM, "int4", space=space,
+                                                           exhaustive=True)
+    assert result.model_gap == 0 and result.topk_gap == 0 and result.best_rank_in_model == 1
+
+
+def test_failing_candidates_are_recorded_and_skipped(tmp_path):
+    ranked = [s for s, _ in rank(schedule_space("decode"), PROBLEM, H100_SXM)]
+
+    def measure(s):
+        if s == ranked[0]:
+            raise RuntimeError("ptxas: too many registers")
+        return 2e-6 if s == ranked[1] else float("nan")
+
+    result = _tuner(tmp_path, FakeMeasure(measure), top_k=3).tune(PROBLEM, "int4")
+    assert result.schedule == ranked[1]
+    assert "ptxas" in result.failures[str(ranked[0])]
+    assert "nan" in result.failures[str(ranked[2])]
+
+
+def test_all_failing_is_an_error_and_caches_nothing(tmp_path):
+    def measure(s):
+        raise RuntimeError("no")
+
+    with pytest.raises(TuneError, match="every measured schedule failed"):
+        _tuner(tmp_path, measure, top_k=2).tune(PROBLEM, "int4")
+    assert not (tmp_path / "tune.json").exists()
+
+
+def test_no_fitting_schedule_and_bad_top_k(tmp_path):
+    with pytest.raises(TuneError, match="no schedule"):
+        _tuner(tmp_path, FakeMeasure()).tune(
+            PROBLEM, "int4", space=[Schedule(16, 64, 64, 1, 1, split_k=4096)])
+    with pytest.raises(TuneError, match="top_k"):
+        Autotuner(FakeMeasure(), H100_SXM, top_k=0)
+
+
+def test_progress_bar_runs(tmp_path, capsys):
+    pytest.importorskip("tqdm")
+    fake = FakeMeasure()
+    tuner = Autotuner(fake, H100_SXM, cache=TuneCache(tmp_path / "t.json"), top_k=3,
+                      progress=True)
+    assert tuner.tune(PROBLEM, "int4").measured == 3
+    assert "tuning" in capsys.readouterr().err
