@@ -12,9 +12,11 @@ from collections.abc import Callable
 
 from lowvm.ir import Program
 from lowvm.passes.instruction_selection import select_instructions
+from lowvm.passes.layout_inference import infer_layouts
 from lowvm.passes.rewrite import map_instructions, map_statements
 from lowvm.passes.software_pipeline import pipeline_loops
 from lowvm.passes.vectorize import vectorize
+from lowvm.passes.verify import verify
 
 __all__ = ["PIPELINE", "run_passes", "map_instructions", "map_statements"]
 
@@ -22,6 +24,8 @@ Pass = Callable[[Program], Program]
 
 #: (name, pass) in execution order. Later passes may rely on earlier guarantees.
 PIPELINE: list[tuple[str, Pass]] = [
+    ("verify", verify),
+    ("layout_inference", infer_layouts),
     ("vectorize", vectorize),
     ("instruction_selection", select_instructions),
     ("software_pipeline", pipeline_loops),
