@@ -285,7 +285,8 @@ class _Solver:
     def apply(self, inst: Instruction, seed: bool) -> bool:
         """Derive what ``inst`` implies from the layouts known so far (True on progress)."""
         if isinstance(inst, (Cast, Assign)):
-            return self._same(inst, inst.src, inst.out, f"a {inst.mnemonic} keeps the layout")
+            return self._same(inst, inst.src, inst.out,
+                              f"{inst.mnemonic}: the result has the layout of the source")
         if isinstance(inst, Permute):
             return self._permute(inst)
         if isinstance(inst, Reduce):
