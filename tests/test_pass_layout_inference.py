@@ -453,3 +453,16 @@ def test_view_of_a_strided_run_is_refused_with_the_line():
     with pytest.raises(ProgramError, match="cannot infer the layout") as info:
         v.build()
     assert info.value.loc.lineno == _line_of(v.fn, "bits = vm.view(raw")
+
+
+def test_readme_program_without_layouts_runs():
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    section = readme.read_text().split("### Leaving layouts out", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert not any(word in code for word in ("layout=", "vm.spatial", "vm.local", "mma_layouts"))
+    namespace: dict = {"__name__": "readme_layouts"}
+    exec(compile(code, str(readme), "exec"), namespace)  # asserts inside the example
+    program = namespace["matmul"].build()
+    assert all(t.layout is not None for t in _register_tiles(program))
