@@ -61,14 +61,15 @@ def _check(c: Candidate, x: Any, tol: float | None) -> tuple[float, str]:
     """Run once on poisoned memory; (relative error, '' or why it failed)."""
     import torch
 
-    m, n = x.shape[0], c.ref_weight().shape[0]
+    weight = c.ref_weight()
+    m, n = x.shape[0], weight.shape[0]
     poison = torch.full((m, n), float("nan"), dtype=torch.float16, device=x.device)
     del poison  # the allocator hands this block to the kernel's output next
     y = c.fn(x)
     torch.cuda.synchronize()
     if tuple(y.shape) != (m, n):
         return math.nan, f"output shape {tuple(y.shape)}, expected {(m, n)}"
-    ref = x.to(torch.float64) @ c.ref_weight().to(torch.float64).t()
+    ref = x.to(torch.float64) @ weight.to(torch.float64).t()
     err = relative_error(y, ref)
     limit = c.tol if tol is None else tol
     if not err <= limit:
