@@ -71,7 +71,8 @@ def main() -> None:
                     splits = sorted({1, 2, 4, 8, base.split})
                 ref = (x.float() @ deq.T)
                 for sp in splits:
-                    s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp)
+                    s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
+                                     base.stages)
                     if (k // s.bk) % sp:
                         continue
                     y = quant_linear(x, qw, s)

@@ -100,7 +100,7 @@ def test_gpu_matches_float64(wtype, m):
     ref = _reference(x, codes, scales, wtype, g)
     for split in (1, 2, 4):
         s = choose_schedule(m, n, k, qw.bk)
-        s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, split)
+        s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, split, s.stages)
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)

@@ -155,6 +155,10 @@ class Elementwise(Instruction):
         return f"%{self.out.name}: {self.out.type_str()} = {self.op} {self.format_args()}"
 
     def emit_cuda(self, cg: CudaContext) -> None:
+        from lowvm.codegen.packed_math import emit_packed_elementwise
+
+        if emit_packed_elementwise(self, cg):
+            return
         cg.line(f"// {self}")
         is_float = any(
             (isinstance(a, RegisterTensor) and a.dtype.is_float)

@@ -49,11 +49,12 @@ class GemmSchedule:
     warps_m: int = 1
     warps_n: int = 4
     split: int = 1
+    stages: int | None = None
 
-    def constants(self) -> dict[str, int]:
+    def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
         return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
-                "warps_n": self.warps_n, "split": self.split}
+                "warps_n": self.warps_n, "split": self.split, "stages": self.stages}
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
                ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
                bm: int = 16, bn: int = 64, bk: int = 128, warps_m: int = 1, warps_n: int = 4,
-               split: int = 1):
+               split: int = 1, stages: int | None = None):
     """``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in float32 when split > 1)."""
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n)
@@ -108,7 +109,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     packed = vm.load_global(gw, [(k_tile0 * n_tiles + vm.block_index(0)) * lw.rows, 0],
                             [lw.rows, lw.bytes_per_thread], lw.packed)
-    for kk in vm.range(k_steps):
+    for kk in vm.range(k_steps, stages=stages):
         kt = k_tile0 + kk
         vm.copy_async(sx, gx, [row0, kt * bk])
         vm.commit_group()
