@@ -98,7 +98,8 @@ class ProgramTemplate:
         self.__name__ = self.name
 
     def build(self, **constants: Any) -> Program:
-        """Trace the function with these compile-time constants (cached)."""
+        """Trace the function with these compile-time constants (cached); register
+        layouts the function left out are inferred (:mod:`lowvm.passes.layout_inference`)."""
         unknown = set(constants) - set(self.constant_names)
         if unknown:
             raise ProgramError(
