@@ -9,6 +9,7 @@ import torch
 
 import lowvm
 from lowvm.bench import BenchError, candidates, lowvm_entry, tinygemm
+from lowvm.dtypes import pack
 from lowvm.kernels.quant_matmul import dequantize_weights, quantize_weights
 
 
@@ -16,9 +17,9 @@ from lowvm.kernels.quant_matmul import dequantize_weights, quantize_weights
                                           ("uint4", 64), ("int8", 128)])
 def test_quantize_matches_the_kernels_reference_quantiser(wtype, group):
     w = np.random.default_rng(1).standard_normal((37, 256))
-    packed, scales, dequant = lowvm_entry.quantize(w, wtype, group)
+    codes, scales, dequant = lowvm_entry.quantize(w, wtype, group)
     ref_packed, ref_scales = quantize_weights(w, wtype, group)
-    assert np.array_equal(packed, ref_packed)
+    assert np.array_equal(pack(codes.reshape(-1), wtype).reshape(ref_packed.shape), ref_packed)
     assert np.array_equal(scales, ref_scales)
     assert np.array_equal(dequant.astype(np.float64),
                           dequantize_weights(ref_packed, ref_scales, wtype, group, 256))
@@ -35,7 +36,7 @@ def test_quantize_in_chunks_equals_one_pass(monkeypatch):
 @pytest.mark.parametrize("shape, group, needle", [
     ((64, 256), 96, "group=96"),
     ((64, 192), 128, "must divide K=192"),
-    ((64, 96), 32, "group=32"),
+    ((96, 256), 128, "N=96"),
 ])
 def test_prepare_rejects_what_the_kernel_cannot_run(shape, group, needle):
     w = torch.zeros(shape, dtype=torch.float16)

@@ -1,4 +1,4 @@
-"""GPU test: tune the existing quantized matmul over the schedules it accepts."""
+"""GPU test: tune the library's quantized GEMM over schedules sharing one weight format."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ pytestmark = pytest.mark.gpu
 def test_tune_quant_matmul_with_cuda_events(tmp_path):
     import torch
 
-    import lowvm
     from lowvm.bench import lowvm_entry
-    from lowvm.kernels.quant_matmul import quant_matmul
+    from lowvm.kernels.library import quant_linear
+    from lowvm.kernels.quant_gemm import GemmSchedule
     from lowvm.tune import Autotuner, Problem, Schedule, TuneCache
     from lowvm.tune.gpu import current_gpu
     from lowvm.tune.measure import cuda_measure
@@ -25,18 +25,18 @@ def test_tune_quant_matmul_with_cuda_events(tmp_path):
     ref = x.double() @ prep.dequant.double().t()
 
     def build(s: Schedule):
-        c = {key: v for key, v in s.constants().items() if key not in ("stages", "split_k")}
-        kernel = lowvm.compile(quant_matmul, wtype=lowvm.int4, group=group, **c)
+        gs = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split_k, s.stages)
 
         def run():
-            kernel(m, n, k, x, prep.packed, prep.scales, y)
+            y.copy_(quant_linear(x, prep.weight, gs))
         run()
         err = torch.linalg.vector_norm(y.double() - ref) / torch.linalg.vector_norm(ref)
         assert err < 3e-3, (s, err)   # a wrong schedule must not win
         return run
 
-    # quant_matmul takes 2 threads per row of bn: 128 threads -> bn = 64.
-    space = [Schedule(bm, 64, bk, 2, 2) for bm in (32, 64) for bk in (64, 128)]
+    # the repacked format fixes bn = 64, bk = 128 and 4 warps along N
+    space = [Schedule(bm, 64, 128, wm, 4, 2, split) for bm, wm in ((16, 1), (64, 2))
+             for split in (1, 2)]
     tuner = Autotuner(cuda_measure(build), current_gpu(),
                       cache=TuneCache(tmp_path / "tune.json"), top_k=2, progress=False)
     result = tuner.tune(Problem(m, n, k, 4, group), "int4", space=space, exhaustive=True)

@@ -8,11 +8,8 @@ The harness knows three functions and nothing else about the kernel:
 * ``dequantized(prepared) -> [N, K]`` float tensor: the exact dequantised weight the
   kernel multiplies by, for the float64 reference the harness checks ``run`` against.
 
-Today the body uses the first, generic kernel ``lowvm.kernels.quant_matmul`` (correct,
-not fast): weights are dense little-endian bit streams per row ``[N, K*bits/8]``, one
-fp16 scale per ``group`` inputs ``[K/group, N]``, symmetric round-to-nearest as in
-``quant_matmul.quantize_weights``. Swapping in the tuned library means changing this
-file only.
+The body is the kernel library (:mod:`lowvm.kernels.library`): symmetric round-to-nearest
+codes with fp16 group scales, repacked for ``quant_gemm``; the schedule is chosen per M.
 """
 
 from __future__ import annotations
@@ -23,99 +20,92 @@ from typing import Any
 import numpy as np
 
 from lowvm.bench.errors import BenchError
-from lowvm.dtypes import DType, decode, encode, pack
+from lowvm.dtypes import DType, decode
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import LowvmError
+from lowvm.kernels.library import (
+    QuantWeight,
+    prepare_weight,
+    quant_linear,
+    quantize_to_codes,
+    weight_bk,
+)
 
 __all__ = ["Prepared", "quantize", "prepare", "run", "dequantized"]
 
-_BK = 64              # quant_matmul's default K step: K and the group must be multiples
 _ROWS_PER_CHUNK = 2048  # quantise this many rows at a time to bound host memory
 
 
 @dataclass
 class Prepared:
-    """A weight quantised for the kernel, on the device, with its compiled kernel."""
+    """A weight quantised and repacked for the kernel, on the device."""
 
-    wtype: DType
-    group: int
-    n: int
-    k: int
-    packed: Any      # uint8 [N, K*bits/8]
-    scales: Any      # float16 [K/group, N]
+    weight: QuantWeight
     dequant: Any     # float32 [N, K], exact (a <=8-bit value times an fp16 scale)
-    kernel: Any
+
+    @property
+    def packed(self) -> Any:
+        """The repacked weight bytes on the device."""
+        return self.weight.packed
+
+    @property
+    def scales(self) -> Any:
+        """float16 [K/group, N] on the device."""
+        return self.weight.scales
 
 
 def quantize(weight: np.ndarray, wtype: DType | str, group: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Symmetric group-wise round-to-nearest of ``weight [N, K]`` (numpy).
-
-    The same rule as ``quant_matmul.quantize_weights`` (scale = absmax / the type's
-    largest value, fp16), vectorised over rows: returns ``(packed uint8 [N, K*bits/8],
-    scales float16 [K/group, N], dequant float32 [N, K])``.
-    """
+    """``(codes [N, K], scales float16 [K/group, N], dequant float32 [N, K])`` by
+    :func:`lowvm.kernels.library.quantize_to_codes`, ``_ROWS_PER_CHUNK`` rows at a time."""
     wt = as_dtype(wtype)
     n, k = weight.shape
-    packed = np.empty((n, k * wt.nbits // 8), np.uint8)
-    scales = np.empty((n, k // group), np.float16)
+    codes = np.empty((n, k), np.uint8)
+    scales = np.empty((k // group, n), np.float16)
     dequant = np.empty((n, k), np.float32)
     for r0 in range(0, n, _ROWS_PER_CHUNK):
         rows = slice(r0, min(n, r0 + _ROWS_PER_CHUNK))
-        groups = weight[rows].reshape(-1, k // group, group).astype(np.float64)
-        s = (np.abs(groups).max(axis=2) / wt.max_value).astype(np.float16)
-        s[s == 0] = 1
-        q = np.clip(groups / s.astype(np.float64)[..., None], wt.min_value, wt.max_value)
-        codes = encode(q.reshape(-1), wt)
-        packed[rows] = pack(codes, wt).reshape(-1, packed.shape[1])
-        values = decode(codes, wt).reshape(-1, k // group, group)
-        dequant[rows] = (values * s.astype(np.float32)[..., None]).reshape(-1, k)
-        scales[rows] = s
-    return packed, np.ascontiguousarray(scales.T), dequant
+        c, s = quantize_to_codes(weight[rows], wt, group)
+        codes[rows], scales[:, rows] = c, s
+        dequant[rows] = (decode(c, wt).astype(np.float64)
+                         * np.repeat(s.T.astype(np.float64), group, axis=1))
+    return codes, scales, dequant
 
 
 def _check(weight: Any, wt: DType, group: int) -> None:
     if getattr(weight, "ndim", None) != 2:
         raise BenchError(f"weight: expected a 2-D [N, K] tensor, got shape "
                          f"{tuple(getattr(weight, 'shape', ()))}")
-    n, k = weight.shape
     if not 1 <= wt.nbits <= 8:
         raise BenchError(f"wtype={wt}: lowvm's quantized GEMM takes 1..8-bit types")
-    if group <= 0 or group % _BK:
-        raise BenchError(f"group={group}: the current kernel needs a multiple of {_BK}")
-    if k % group:
+    n, k = weight.shape
+    if group <= 0 or k % group:
         raise BenchError(f"group={group} must divide K={k}")
-    if k % _BK:
-        raise BenchError(f"K={k}: the current kernel needs a multiple of {_BK}")
+    bk = weight_bk(group, k)
+    if group % bk or n % 64:
+        raise BenchError(f"group={group}, N={n}: the kernel needs N a multiple of 64 and the "
+                         f"group a multiple of {bk}")
 
 
 def prepare(weight_fp16: Any, wtype: str | DType, group: int) -> Prepared:
     """Quantise ``weight_fp16 [N, K]`` (a torch tensor, any device) to ``wtype`` with one
-    scale per ``group`` inputs, upload it and compile the kernel for it."""
+    scale per ``group`` inputs and upload it repacked for the kernel."""
     import torch
-
-    import lowvm
-    from lowvm.kernels.quant_matmul import quant_matmul
 
     wt = as_dtype(wtype)
     _check(weight_fp16, wt, group)
-    n, k = weight_fp16.shape
     host = weight_fp16.detach().to("cpu", torch.float32).numpy()
-    packed, scales, dequant = quantize(host, wt, group)
-    device = weight_fp16.device
-    kernel = lowvm.compile(quant_matmul, wtype=wt, group=group)
-    return Prepared(wt, group, n, k, torch.from_numpy(packed).to(device),
-                    torch.from_numpy(scales).to(device), torch.from_numpy(dequant).to(device),
-                    kernel)
+    codes, scales, dequant = quantize(host, wt, group)
+    try:
+        qw = prepare_weight(codes, scales, wt, group, device=weight_fp16.device)
+    except LowvmError as exc:
+        raise BenchError(str(exc)) from exc
+    return Prepared(qw, torch.from_numpy(dequant).to(weight_fp16.device))
 
 
 def run(prepared: Prepared, x: Any) -> Any:
     """``y [M, N] fp16 = x [M, K] fp16 @ dequant(W)^T``."""
-    import torch
-
-    m = x.shape[0]
-    y = torch.empty((m, prepared.n), dtype=torch.float16, device=x.device)
-    prepared.kernel(m, prepared.n, prepared.k, x, prepared.packed, prepared.scales, y)
-    return y
+    return quant_linear(x, prepared.weight)
 
 
 def dequantized(prepared: Prepared) -> Any:

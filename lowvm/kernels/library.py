@@ -83,8 +83,7 @@ def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
     wt = as_dtype(wtype)
     n, k = weight.shape
     groups = weight.reshape(n, k // group, group).astype(np.float64)
-    top = max(abs(wt.max_value), abs(wt.min_value)) if wt.kind != "uint" else wt.max_value
-    scales = (np.abs(groups).max(axis=2) / top).astype(np.float16)
+    scales = (np.abs(groups).max(axis=2) / wt.max_value).astype(np.float16)
     scales[scales == 0] = 1
     q = np.clip(groups / scales.astype(np.float64)[..., None], wt.min_value, wt.max_value)
     return encode(q.reshape(n, k), wt), np.ascontiguousarray(scales.T)
