@@ -13,6 +13,7 @@ from lowvm.kernels.quant_gemm import (
     GemmSchedule,
     finish_split,
     quant_gemm,
+    quant_gemm_bf16,
     repack_weights,
     unpack_repacked,
 )
@@ -54,11 +55,35 @@ def test_interpreter_matches_float64(wtype, split, m):
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
     lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
-                    m, n, k, x, packed, scales, y, ws)
+                    m, n, k, x, packed, scales, scales, y, ws)
     if split > 1:
         assert np.isnan(y).all()  # split-K leaves y to the epilogue
         lowvm.interpret(finish_split.build(), m * n, ws, y)
     assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
+def test_zero_points_and_bfloat16_in_the_interpreter():
+    import ml_dtypes
+
+    rng = np.random.default_rng(4)
+    m, n, k, g = 3, 64, 256, 128
+    codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+    scales = (rng.random((k // g, n)) / 8 + 0.01).astype(np.float16)
+    zeros = rng.integers(0, 16, size=(k // g, n)).astype(np.float16)
+    packed = repack_weights(codes, "uint4", GemmSchedule())
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    w = (codes.astype(np.float64) - np.repeat(zeros.T, g, 1)) * np.repeat(scales.T, g, 1)
+    ref = x.astype(np.float64) @ w.T
+    y = np.zeros((m, n), np.float16)
+    lowvm.interpret(quant_gemm.build(wtype=lowvm.uint4, group=g, zero_point=True),
+                    m, n, k, x, packed, scales, zeros, y, np.zeros((m, n), np.float32))
+    assert _rel(y, ref) < 2e-3
+    bf = ml_dtypes.bfloat16
+    yb = np.zeros((m, n), bf)
+    lowvm.interpret(quant_gemm_bf16.build(wtype=lowvm.uint4, group=g, zero_point=True),
+                    m, n, k, x.astype(bf), packed, scales.astype(bf), zeros.astype(bf), yb,
+                    np.zeros((m, n), np.float32))
+    assert _rel(yb.astype(np.float64), ref) < 2e-2
 
 
 def test_schedule_fills_the_gpu_for_small_n():
@@ -84,6 +109,26 @@ def test_generated_code_uses_the_expected_instructions():
     for needle in ("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "ldmatrix.sync",
                    "uint4", "cp.async.wait_group"):
         assert needle in src, needle
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 33])
+def test_gpu_zero_points_and_bfloat16(m):
+    import torch
+
+    rng = np.random.default_rng(5)
+    n, k, g = 256, 1024, 128
+    codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+    scales = (rng.random((k // g, n)) / 8 + 0.01).astype(np.float16)
+    zeros = rng.integers(0, 16, size=(k // g, n)).astype(np.float16)
+    qw = prepare_weight(codes, scales, "uint4", g, zeros=zeros)
+    w = (codes.astype(np.float64) - np.repeat(zeros.T, g, 1)) * np.repeat(scales.T, g, 1)
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    ref = x.double().cpu().numpy() @ w.T
+    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        y = quant_linear(x.to(dtype), qw)
+        assert y.dtype == dtype
+        assert _rel(y.double().cpu().numpy(), ref) < tol, dtype
 
 
 @pytest.mark.gpu

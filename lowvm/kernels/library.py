@@ -18,7 +18,14 @@ import numpy as np
 from lowvm.dtypes import DType, encode
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
-from lowvm.kernels.quant_gemm import GemmSchedule, finish_split, quant_gemm, repack_weights
+from lowvm.kernels.quant_gemm import (
+    GemmSchedule,
+    finish_split,
+    finish_split_bf16,
+    quant_gemm,
+    quant_gemm_bf16,
+    repack_weights,
+)
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
            "NUM_SMS_DEFAULT"]
@@ -46,6 +53,19 @@ class QuantWeight:
     n: int
     k: int
     bk: int
+    zeros: Any = None  # torch float16 [K / group, N] holding codes, or None (symmetric)
+
+    def for_dtype(self, dtype: Any) -> tuple[Any, Any]:
+        """(scales, zeros) in the activation type ``dtype`` (bf16 copies made once)."""
+        import torch
+
+        if dtype == torch.float16:
+            return self.scales, self.zeros
+        cache = self.__dict__.setdefault("_converted", {})
+        if dtype not in cache:
+            cache[dtype] = (self.scales.to(dtype),
+                            None if self.zeros is None else self.zeros.to(dtype))
+        return cache[dtype]
 
 
 def _check_shape(n: int, k: int, group: int, bk: int) -> None:
@@ -59,8 +79,9 @@ def _check_shape(n: int, k: int, group: int, bk: int) -> None:
 
 
 def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, group: int,
-                   device: Any = "cuda") -> QuantWeight:
-    """Repack integer codes ``[N, K]`` of ``wtype`` and ``scales [K/group, N]`` for the GPU."""
+                   device: Any = "cuda", zeros: np.ndarray | None = None) -> QuantWeight:
+    """Repack integer codes ``[N, K]`` of ``wtype`` and ``scales [K/group, N]`` for the GPU
+    (with ``zeros [K/group, N]``, codes of the zero point, for asymmetric types)."""
     import torch
 
     wt = as_dtype(wtype)
@@ -70,11 +91,17 @@ def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, gr
     if scales.shape != (k // group, n):
         raise LowvmError(f"scales must have shape [K/group, N] = [{k // group}, {n}], got "
                          f"{list(scales.shape)}")
+    if zeros is not None and zeros.shape != scales.shape:
+        raise LowvmError(f"zeros must have the shape of scales {list(scales.shape)}, got "
+                         f"{list(zeros.shape)}")
     sched = GemmSchedule(bk=bk)
     packed = repack_weights(np.asarray(codes), wt, sched)
-    return QuantWeight(torch.from_numpy(packed).to(device),
-                       torch.from_numpy(np.ascontiguousarray(scales, np.float16)).to(device),
-                       wt, group, n, k, bk)
+
+    def half(a: np.ndarray) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(a, np.float16)).to(device)
+
+    return QuantWeight(torch.from_numpy(packed).to(device), half(scales), wt, group, n, k, bk,
+                       None if zeros is None else half(zeros))
 
 
 def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
@@ -121,12 +148,13 @@ def _compiled(program, **constants):
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
-    """``x [M, K] float16 @ dequant(weight)^T`` -> ``[M, N] float16`` on the GPU."""
+    """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
     import torch
 
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.float16 or x.dim() != 2:
-        raise LowvmError(f"x must be a 2-D float16 torch tensor, got {getattr(x, 'dtype', x)!r} "
-                         f"of shape {list(getattr(x, 'shape', []))}")
+    if (not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16)
+            or x.dim() != 2):
+        raise LowvmError(f"x must be a 2-D float16 or bfloat16 torch tensor, got "
+                         f"{getattr(x, 'dtype', x)!r} of shape {list(getattr(x, 'shape', []))}")
     if x.shape[1] != weight.k:
         raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
     if x.device != weight.packed.device:
@@ -137,14 +165,18 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
         raise LowvmError(f"schedule {s} does not match the weight's format (bk={weight.bk}, "
                          f"bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
-    y = torch.empty((m, n), dtype=torch.float16, device=x.device)
-    gemm = _compiled(quant_gemm, wtype=weight.wtype, group=weight.group, **s.constants())
+    bf16 = x.dtype == torch.bfloat16
+    scales, zeros = weight.for_dtype(x.dtype)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
+                     group=weight.group, zero_point=zeros is not None, **s.constants())
+    zeros = scales if zeros is None else zeros  # not read without zero_point
     if s.split == 1:
-        gemm(m, n, k, x, weight.packed, weight.scales, y, _dummy(x.device))
+        gemm(m, n, k, x, weight.packed, scales, zeros, y, _dummy(x.device))
         return y
     ws = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    gemm(m, n, k, x, weight.packed, weight.scales, y, ws)
-    _compiled(finish_split)(m * n, ws, y)
+    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws)
+    _compiled(finish_split_bf16 if bf16 else finish_split)(m * n, ws, y)
     return y
 
 

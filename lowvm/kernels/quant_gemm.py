@@ -35,8 +35,8 @@ from lowvm.ir import ProgramError
 from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, swizzle_128b
 
-__all__ = ["quant_gemm", "finish_split", "GemmSchedule", "weight_layouts", "repack_weights",
-           "unpack_repacked"]
+__all__ = ["quant_gemm", "quant_gemm_bf16", "finish_split", "finish_split_bf16",
+           "GemmSchedule", "weight_layouts", "repack_weights", "unpack_repacked"]
 
 
 @dataclass(frozen=True)
@@ -68,10 +68,14 @@ class WeightLayouts:
     values: RegisterLayout  # wtype [bk, bn] = mma.b
 
 
-def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_n: int
-                   ) -> WeightLayouts:
-    """How a ``bk x bn`` tile of ``wtype`` sits in registers (see module docstring)."""
-    lay = block_mma_layouts(bm, bn, bk, warps_m, warps_n, vm.float16)
+def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_n: int,
+                   adtype: DType = vm.float16) -> WeightLayouts:
+    """How a ``bk x bn`` tile of ``wtype`` sits in registers (see module docstring).
+
+    The B layout of m16n8k16 is the same for float16 and bfloat16, so one repacked
+    format serves both activation types.
+    """
+    lay = block_mma_layouts(bm, bn, bk, warps_m, warps_n, adtype)
     bits = lay.b.local_size * wtype.nbits
     if bits % 8:
         raise ProgramError(
@@ -82,15 +86,12 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
     return WeightLayouts(lay, bits // 8, rows, packed, lay.b)
 
 
-@vm.program
-def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
-               w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
-               ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
-               bm: int = 16, bn: int = 64, bk: int = 128, warps_m: int = 1, warps_n: int = 4,
-               split: int = 1, stages: int | None = None):
-    """``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in float32 when split > 1)."""
+def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
+                     group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
+                     warps_n: int, split: int, stages: int | None) -> None:
+    """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
-    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n)
+    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     lay = lw.mma
     vm.set_warps(warps_m * warps_n)
     vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
@@ -103,9 +104,10 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * lw.rows, +lw.rows)
     gw = vm.global_view(w, [(k // bk) * n_tiles * lw.rows, lw.bytes_per_thread])
     gs = vm.global_view(scales, [k // group, n])
-    scale_layout = reduce(lay.b, [0], keepdims=True)
+    gz = vm.global_view(zeros, [k // group, n])
+    group_layout = reduce(lay.b, [0], keepdims=True)
 
-    sx = vm.shared_tensor(vm.float16, [bm, bk], swizzle_128b(bm, bk, vm.float16))
+    sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype))
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     packed = vm.load_global(gw, [(k_tile0 * n_tiles + vm.block_index(0)) * lw.rows, 0],
                             [lw.rows, lw.bytes_per_thread], lw.packed)
@@ -118,8 +120,11 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
         nxt = vm.load_global(gw, [(nxt_kt * n_tiles + vm.block_index(0)) * lw.rows, 0],
                              [lw.rows, lw.bytes_per_thread], lw.packed)
         q = vm.view(packed, wtype, lw.values)
-        scale = vm.load_global(gs, [kt * bk // group, col0], [1, bn], scale_layout)
-        wk = vm.cast(q, vm.float16) * scale
+        g = [kt * bk // group, col0]
+        wk = vm.cast(q, adtype)
+        if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
+            wk = wk - vm.load_global(gz, g, [1, bn], group_layout)
+        wk = wk * vm.load_global(gs, g, [1, bn], group_layout)
         vm.wait_group(0)
         vm.sync()
         xa = vm.load_shared(sx, lay.a)
@@ -127,22 +132,61 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
         vm.assign(packed, nxt)
         vm.sync()
     if split == 1:
-        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, vm.float16), [row0, col0])
+        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
     else:
         vm.atomic_add(vm.global_view(ws, [m, n]), acc, [row0, col0])
     vm.free_shared(sx)
 
 
-@vm.program(warps=4)
-def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
-    """``y = float16(ws)``, 8 elements per thread (the split-K epilogue)."""
+@vm.program
+def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
+               w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], zeros: vm.ptr[vm.float16],
+               y: vm.ptr[vm.float16], ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
+               group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
+               bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
+               stages: int | None = None):
+    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1).
+
+    ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
+    ``q * scales``; ``zeros`` is not read without ``zero_point``.
+    """
+    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.float16, wtype, group,
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages)
+
+
+@vm.program
+def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16],
+                    w: vm.ptr[vm.uint8], scales: vm.ptr[vm.bfloat16],
+                    zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
+                    ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
+                    zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
+                    warps_m: int = 1, warps_n: int = 4, split: int = 1,
+                    stages: int | None = None):
+    """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
+    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.bfloat16, wtype, group,
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages)
+
+
+def _finish(total, ws, y, adtype: DType) -> None:
     per = 8
     block = 128 * per
     vm.set_grid(vm.cdiv(total, block))
     lay = vm.spatial(128).local(per)
     acc = vm.load_global(vm.global_view(ws, [total]), [vm.block_index(0) * block], [block], lay)
-    vm.store_global(vm.global_view(y, [total]), vm.cast(acc, vm.float16),
+    vm.store_global(vm.global_view(y, [total]), vm.cast(acc, adtype),
                     [vm.block_index(0) * block])
+
+
+@vm.program(warps=4)
+def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
+    """``y = float16(ws)``, 8 elements per thread (the split-K epilogue)."""
+    _finish(total, ws, y, vm.float16)
+
+
+@vm.program(warps=4)
+def finish_split_bf16(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.bfloat16]):
+    """``y = bfloat16(ws)`` (the split-K epilogue of :func:`quant_gemm_bf16`)."""
+    _finish(total, ws, y, vm.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------
