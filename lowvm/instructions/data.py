@@ -104,6 +104,9 @@ class Cast(Instruction):
         st.set(self.out, quantize(st.get(self.src), self.out.dtype), check_range=False)
 
     def emit_cuda(self, cg: CudaContext) -> None:
+        from lowvm.codegen.fast_cast import emit_fast_cast  # bit-manipulation casts
+        if emit_fast_cast(self, cg):
+            return
         cg.line(f"// {self}")
         cg.line("#pragma unroll")
         with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):

@@ -1,0 +1,643 @@
+"""``cast`` from 1..8-bit types to float16/bfloat16 by bit manipulation, two lanes at a time.
+
+The generic lowering converts element by element through ``float`` (``lowvm_get_bits``,
+``lowvm_decode_float``, a rounding conversion). Every value of a 1..8-bit type is exactly
+representable in float16 (except e5m1/e6m1, see below) and in bfloat16, so the conversion
+needs no rounding at all: the code's bits are moved into a 16-bit pattern and one
+half2/bfloat162 instruction per *pair* of locals fixes the value. This module builds that
+straight-line code as a small list of 32-bit operations (:class:`Op`), from one table of
+constants per (source, destination) pair (:class:`Recipe`). The same list is printed as
+CUDA (:func:`emit_fast_cast`) and executed in numpy (:func:`simulate`), so the tests prove
+the emitted recipe exact on every code without a GPU: model and kernel cannot drift.
+
+Locals ``2j`` and ``2j + 1`` become the low and high halves of one 32-bit word (``__half2``
+order), stored with one 32-bit store into the destination array (declared
+``__align__(16)``). An odd last local uses the low half only.
+
+**Integers** (``intN``/``uintN``), code ``c``, ``u = c XOR 2^(N-1)`` for ``intN`` (``c`` for
+``uintN``), ``b = 2^(N-1)`` for ``intN`` (0 for ``uintN``), so the value is ``u - b``:
+
+* the lane is ``MAGIC | u << t`` with ``MAGIC = 2^P`` (``P`` = 10 mantissa bits for float16,
+  pattern ``0x6400``; 7 for bfloat16, ``0x4300`` = 128.0) and ``t + N <= P``. One
+  ``lop3`` gives ``(bits & mask) ^ (MAGIC | b << t)``: the mask keeps the code, the XOR
+  sets the magic exponent (disjoint bits) and flips the sign bit. The lane's value is
+  ``2^P + u * 2^t``: an integer below ``2^(P+1)``, so exact (spacing 1 in ``[2^P,
+  2^(P+1))``). ``t = 0``: ``__hsub2(x, 2^P + b)``; ``t > 0``: ``__hfma2(x, 2^-t,
+  -(2^(P-t) + b))``. Both compute ``u - b`` exactly: ``x * 2^-t`` is exact, the exact
+  result is an integer of at most 8 significant bits, and the constants ``2^(P-t) + b``
+  (``b < 2^(P-t)``) fit in ``P + 1`` bits.
+* float16 covers N = 1..8 this way. bfloat16 has ``P = 7``: ``128 + u`` is exact only for
+  ``u < 128``, i.e. N <= 7. For N = 8 (int8/uint8 to bfloat16) the magic is float32's
+  ``2^23`` (``0x4B000000 | u``, exact), one float32 subtraction of ``2^23 + b`` gives the
+  exact integer ``u - b`` (|.| <= 255, at most 8 significant bits), whose float32 pattern
+  therefore has 16 zero low bits: its high half *is* the bfloat16 pattern (``prmt`` packs
+  two high halves), no rounding involved.
+* Codes reach the lanes with shifts, funnel shifts (``__funnelshift_r`` where a pair
+  straddles two 32-bit words, including widths 3, 5, 6, 7) and ``prmt``; positions are
+  compile-time constants. Widths 1, 2, 4 use whole words: ``(w >> s) & (mask << t)``
+  applied to both halves of a word at once picks locals ``i`` and ``i + 16/N``; after the
+  per-lane fix-up one ``prmt`` per pair puts locals ``2m, 2m + 1`` (selector ``0x5410``)
+  and ``16/N + 2m, 16/N + 2m + 1`` (``0x7632``) side by side. int8/uint8 to float16 is one
+  ``prmt`` with the magic bytes (``0x64``) per pair, after one XOR per word for int8.
+
+**Small floats** ``eXmY`` (``n = 1 + X + Y`` bits) to a destination with ``Ed`` exponent
+and ``Md`` mantissa bits: the code is placed with its sign at bit 15 (``n``-bit field at
+``16 - n``), the magnitude shifted right by ``Ed - X`` so the exponent field lands in the
+low ``X`` exponent bits and the mantissa at the top of the mantissa field. Read in the
+destination format that pattern is ``2^(e - bias_dst) * 1.m`` (``e > 0``) or
+``2^(1 - bias_dst) * 0.m`` (``e = 0``, a destination subnormal): exactly the source value
+times ``2^(bias_src - bias_dst)`` in both cases, so one ``__hmul2`` by
+``2^(bias_dst - bias_src)`` gives the value, exact whenever the value is representable in
+the destination (subnormals included: the half/bf16 multiply keeps them). Signed zeros
+stay signed. Specials: e5m2 to float16 (same exponent width and bias) is the shift alone,
+inf and NaN land on inf and NaN. e4m3's NaN (``S.1111.111``) decodes to +-480 and e5m2's
+inf/NaN (to bfloat16) to >= 65536, both above the format's largest finite value, so a
+compare (``__hgt2_mask`` of ``|r|`` against it) sets the destination's exponent bits:
+inf stays inf (zero mantissa), NaN stays NaN with its sign (payload not canonical).
+
+Not covered (returns False, the generic loop runs): e5m1 and e6m1 to float16 (their
+largest values overflow float16 to inf, and e6m1's smallest underflow; the shift would
+produce NaN patterns), every other source or destination type.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from lowvm.dtypes import DType, all_dtypes, bfloat16, decode, float16, int8, round_to, uint8
+from lowvm.interpreter.values import from_codes, to_codes
+
+if TYPE_CHECKING:
+    from lowvm.codegen.context import CudaContext
+    from lowvm.instructions.data import Cast
+
+__all__ = ["Op", "Recipe", "recipe", "plan_cast", "simulate", "emit_fast_cast", "LOP3_AND_XOR"]
+
+#: ``lop3`` truth table of ``(a & b) ^ c`` (a = 0xF0, b = 0xCC, c = 0xAA).
+LOP3_AND_XOR = (0xF0 & 0xCC) ^ 0xAA
+#: ``(a & b) | c``.
+LOP3_AND_OR = (0xF0 & 0xCC) | 0xAA
+#: ``a & b`` (c unused).
+LOP3_AND = 0xF0 & 0xCC
+
+_PRMT_LOW_HALVES = 0x5410  # low half of a, low half of b
+_PRMT_HIGH_HALVES = 0x7632  # high half of a, high half of b
+_PRMT_SPLICE = 0x7610  # low half of a, high half of b
+_F32_MAGIC = 0x4B000000  # 2^23
+
+
+def _lanes(v: int) -> int:
+    """A 16-bit pattern in both halves of a 32-bit word."""
+    return (v & 0xFFFF) * 0x10001
+
+
+def _bits16(value: float, dst: DType) -> int:
+    """The float16/bfloat16 pattern of ``value``, which must be exactly representable."""
+    exact = round_to(np.array([value]), dst)
+    if not (exact[0] == value or (math.isnan(value) and math.isnan(exact[0]))):
+        raise ValueError(f"{value!r} is not exact in {dst.name}")  # a bug in a recipe
+    return int(to_codes(exact, dst)[0])
+
+
+# ---------------------------------------------------------------------------------------
+# the table of recipe constants
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The constants of one conversion ``src -> dst``; :func:`plan_cast` reads only these.
+
+    ``method`` is ``"int"`` (magic-number lanes), ``"int8_f32"`` (int8/uint8 to bfloat16
+    through float32's magic) or ``"float"`` (placement and one multiply).
+    """
+
+    src: DType
+    dst: DType
+    method: str
+    mantissa: int  # destination mantissa bits P (10 or 7)
+    magic: int = 0  # pattern of 2^P: 0x6400 or 0x4300 ("int")
+    sign_flip: int = 0  # 2^(N-1) for intN, 0 otherwise ("int", "int8_f32")
+    offset: int = 0  # bit of the code's lowest bit in its lane ("float": 16 - n)
+    shift: int = 0  # right shift of the magnitude, Ed - X ("float")
+    sign_mask: int = 0  # both lanes' sign bits ("float")
+    mag_mask: int = 0  # both lanes' placed magnitude bits ("float")
+    scale: int = 0  # lanes of 2^(bias_dst - bias_src), 0 when it is 1 ("float")
+    special_max: int = 0  # lanes of the largest finite value; 0: no specials ("float")
+    special_bits: int = 0  # lanes of the destination's exponent field ("float")
+
+    @property
+    def nbits(self) -> int:
+        return self.src.nbits
+
+    @property
+    def code_mask(self) -> int:
+        return (1 << self.src.nbits) - 1
+
+    def max_t(self) -> int:
+        """Largest lane position of an integer code (``t + N <= P``)."""
+        return self.mantissa - self.src.nbits
+
+    def int_mask(self, t: int) -> int:
+        """Both lanes' code bits, codes at lane bit ``t``."""
+        return _lanes(self.code_mask << t)
+
+    def int_xor(self, t: int) -> int:
+        """Both lanes' magic exponent and flipped sign bit, codes at lane bit ``t``."""
+        return _lanes(self.magic | (self.sign_flip << t))
+
+    def int_finish(self, t: int) -> tuple[str, tuple[int, ...]]:
+        """The half2 operation and constant lanes turning ``MAGIC | u << t`` into the value."""
+        p, b = self.mantissa, self.sign_flip
+        if t == 0:
+            return "hsub2", (_lanes(_bits16(2.0**p + b, self.dst)),)
+        return "hfma2", (_lanes(_bits16(2.0**-t, self.dst)),
+                         _lanes(_bits16(-(2.0 ** (p - t) + b), self.dst)))
+
+    def f32_bias(self) -> int:
+        """float32 pattern of ``2^23 + b`` ("int8_f32")."""
+        return int(np.array([2.0**23 + self.sign_flip], np.float32).view(np.uint32)[0])
+
+
+_FORMAT = {float16: (5, 10), bfloat16: (8, 7)}
+
+
+def _float_exact(src: DType, dst: DType) -> bool:
+    """Every finite value of ``src`` is exactly a ``dst`` value (the multiply is then exact)."""
+    values = decode(np.arange(1 << src.nbits), src).astype(np.float64)
+    finite = values[np.isfinite(values)]
+    return bool(np.array_equal(round_to(finite, dst), finite))
+
+
+def recipe(src: DType, dst: DType) -> Recipe | None:
+    """The constants converting ``src`` to ``dst``; None when the conversion is not covered."""
+    if dst not in _FORMAT or src not in all_dtypes() or src.nbits > 8:
+        return None
+    ed, md = _FORMAT[dst]
+    if src.is_integer:
+        flip = 1 << (src.nbits - 1) if src.kind == "int" else 0
+        if dst == bfloat16 and src.nbits == 8:
+            return Recipe(src, dst, "int8_f32", md, sign_flip=flip)
+        magic = _bits16(2.0**md, dst)
+        return Recipe(src, dst, "int", md, magic=magic, sign_flip=flip)
+    e, m, n = src.exponent_bits, src.mantissa_bits, src.nbits
+    assert e is not None and m is not None and src.bias is not None and dst.bias is not None
+    if e > ed or m > md or not _float_exact(src, dst):
+        return None
+    if e == ed and src.has_inf != dst.has_inf:
+        return None  # the top exponent would read as inf/NaN in dst but is finite in src
+    offset, shift = 16 - n, ed - e
+    mag = ((1 << (n - 1)) - 1) << (offset - shift)
+    diff = dst.bias - src.bias
+    scale = _lanes(_bits16(2.0**diff, dst)) if diff else 0
+    special_max = special_bits = 0
+    if src.has_nan and not (e == ed and diff == 0):
+        special_max = _lanes(_bits16(src.max_value, dst))
+        special_bits = _lanes(((1 << ed) - 1) << md)
+    return Recipe(src, dst, "float", md, offset=offset, shift=shift, sign_mask=0x80008000,
+                  mag_mask=_lanes(mag), scale=scale, special_max=special_max,
+                  special_bits=special_bits)
+
+
+# ---------------------------------------------------------------------------------------
+# the straight-line program
+
+
+Operand = str | int  # a value's name, or a 32-bit constant
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation on 32-bit values (each holds two 16-bit lanes where that matters).
+
+    kinds: ``word`` (imm: word k of the source bit stream), ``shr``/``shl`` (imm: s),
+    ``shf`` (funnel shift right of args (lo, hi) by imm s), ``lop3`` (args a, b, c; imm:
+    truth table), ``prmt`` (args a, b; imm: selector), ``hsub2`` / ``hmul2`` (imm: constant
+    lanes), ``hfma2`` (imm: multiplier, addend), ``fsub`` (float32 minus imm pattern),
+    ``hgt_mask`` (0xFFFF per lane where ``|a| > imm``), ``store2`` / ``store1`` (imm:
+    local index: both lanes to locals l, l + 1, or the low lane to local l), ``comment``.
+    """
+
+    kind: str
+    out: str = ""
+    args: tuple[Operand, ...] = ()
+    imm: tuple[int, ...] = ()
+
+
+class _Builder:
+    """Appends operations, naming their results v1, v2, ..."""
+
+    def __init__(self, rec: Recipe, size: int) -> None:
+        self.rec, self.size = rec, size
+        self.ops: list[Op] = []
+        self.words: dict[int, str] = {}
+        self.count = 0
+
+    def op(self, kind: str, args: tuple[Operand, ...] = (), imm: tuple[int, ...] = ()) -> str:
+        self.count += 1
+        name = f"v{self.count}"
+        self.ops.append(Op(kind, name, args, imm))
+        return name
+
+    def note(self, text: str) -> None:
+        self.ops.append(Op("comment", text))
+
+    def word(self, k: int) -> str:
+        if k not in self.words:
+            self.words[k] = self.op("word", imm=(k,))
+        return self.words[k]
+
+    def window(self, q: int, lo: int, hi: int) -> str:
+        """A value whose bits [lo, hi) are stream bits [q + lo, q + hi) (others: junk)."""
+        k, s = q // 32, q % 32
+        if s == 0:
+            return self.word(k)
+        if s + lo >= 32:  # all in the next word (also q < 0: word 0), shifted up
+            return self.op("shl", (self.word(k + 1),), (32 - s,))
+        if s + hi <= 32:
+            return self.op("shr", (self.word(k),), (s,))
+        return self.op("shf", (self.word(k), self.word(k + 1)), (s,))
+
+    def store(self, value: str, local: int, pair: bool) -> None:
+        self.ops.append(Op("store2" if pair else "store1", "", (value,), (local,)))
+
+
+def _int_finish(b: _Builder, x: str, t: int) -> str:
+    kind, consts = b.rec.int_finish(t)
+    return b.op(kind, (x,), consts)
+
+
+def _int_lanes(b: _Builder, z: str, t: int) -> str:
+    """Codes at lane bit ``t`` of ``z`` (junk elsewhere) -> the finished half2 value."""
+    x = b.op("lop3", (z, b.rec.int_mask(t), b.rec.int_xor(t)), (LOP3_AND_XOR,))
+    return _int_finish(b, x, t)
+
+
+def _plan_int_words(b: _Builder) -> int:
+    """Widths 1, 2, 4: whole 32-bit words, two lanes per lop3. Returns locals covered."""
+    n = b.rec.nbits
+    if 16 % n or n == 8:
+        return 0
+    half = 16 // n  # locals per lane
+    words = b.size // (2 * half)
+    for k in range(words):
+        b.note(f"locals {2 * half * k}..{2 * half * (k + 1) - 1}: word {k}, two lanes at once")
+        w, shift, shifted = b.word(k), 0, b.word(k)
+        finished = []
+        for i in range(half):
+            if i * n - shift > b.rec.max_t():
+                shift = i * n
+                shifted = b.op("shr", (w,), (shift,))
+            finished.append(_int_lanes(b, shifted, i * n - shift))  # locals i, i + half
+        for m in range(0, half, 2):
+            base = 2 * half * k
+            lo = b.op("prmt", (finished[m], finished[m + 1]), (_PRMT_LOW_HALVES,))
+            b.store(lo, base + m, True)
+            hi = b.op("prmt", (finished[m], finished[m + 1]), (_PRMT_HIGH_HALVES,))
+            b.store(hi, base + half + m, True)
+    return words * 2 * half
+
+
+def _plan_int_pairs(b: _Builder, start: int) -> None:
+    """Locals from ``start`` on, a pair at a time (any width 1..7, and 8 to float16)."""
+    n, size = b.rec.nbits, b.size
+    for l0 in range(start, size, 2):
+        pair = l0 + 1 < size
+        p0 = l0 * n
+        k, q = divmod(p0, 32)
+        need = 2 * n if pair else n
+        b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
+        if q <= b.rec.max_t() and q + need <= 32:
+            a, t = b.word(k), q  # the codes stay where they are
+        else:
+            a, t = b.window(p0, 0, need), 0
+        if pair:
+            moved = b.op("shl", (a,), (16 - n,))  # the second code to lane 1
+            a = b.op("prmt", (a, moved), (_PRMT_SPLICE,))
+        b.store(_int_lanes(b, a, t), l0, pair)
+
+
+def _plan_int8_f16(b: _Builder) -> None:
+    """int8/uint8 -> float16: one prmt with the magic bytes per pair."""
+    hi_byte = b.rec.magic >> 8
+    for k in range(-(-b.size // 4)):
+        w = b.word(k)
+        if b.rec.sign_flip:
+            w = b.op("lop3", (w, 0xFFFFFFFF, 0x80808080), (LOP3_AND_XOR,))
+        for j in (0, 2):
+            l0 = 4 * k + j
+            if l0 >= b.size:
+                break
+            pair = l0 + 1 < b.size
+            b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
+            # bytes: code l0, magic, code l0 + 1, magic
+            x = b.op("prmt", (w, hi_byte * 0x01010101), (0x4040 | (j + 1) << 8 | j,))
+            b.store(_int_finish(b, x, 0), l0, pair)
+
+
+def _plan_int8_bf16(b: _Builder) -> None:
+    """int8/uint8 -> bfloat16 through float32's 2^23 magic (bfloat16's 7 bits are too few)."""
+    bias = b.rec.f32_bias()
+    for k in range(-(-b.size // 4)):
+        w = b.word(k)
+        if b.rec.sign_flip:
+            w = b.op("lop3", (w, 0xFFFFFFFF, 0x80808080), (LOP3_AND_XOR,))
+        for j in (0, 2):
+            l0 = 4 * k + j
+            if l0 >= b.size:
+                break
+            pair = l0 + 1 < b.size
+            b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
+            halves = []
+            for i in (j, j + 1) if pair else (j,):
+                # bytes: code, 0, 0, 0x4B  ->  2^23 + u as float32
+                f = b.op("prmt", (w, _F32_MAGIC), (0x7540 | i,))
+                halves.append(b.op("fsub", (f,), (bias,)))
+            lanes = b.op("prmt", (halves[0], halves[-1]), (_PRMT_HIGH_HALVES,))
+            b.store(lanes, l0, pair)
+
+
+def _float_finish(b: _Builder, z: str, clean: bool) -> str:
+    """Codes at lane bit ``offset`` of ``z`` -> the value in the destination format."""
+    rec = b.rec
+    if rec.shift == 0:
+        x = z if clean else b.op("lop3", (z, rec.sign_mask | rec.mag_mask, 0), (LOP3_AND,))
+    else:
+        mag = b.op("shr", (z,), (rec.shift,))
+        mag = b.op("lop3", (mag, rec.mag_mask, 0), (LOP3_AND,))
+        x = b.op("lop3", (z, rec.sign_mask, mag), (LOP3_AND_OR,))
+    r = b.op("hmul2", (x,), (rec.scale,)) if rec.scale else x
+    if rec.special_max:
+        over = b.op("hgt_mask", (r,), (rec.special_max,))
+        r = b.op("lop3", (over, rec.special_bits, r), (LOP3_AND_OR,))
+    return r
+
+
+def _plan_float(b: _Builder) -> None:
+    rec, n, size = b.rec, b.rec.nbits, b.size
+    for l0 in range(0, size, 2):
+        pair = l0 + 1 < size
+        b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
+        if n == 8:  # byte codes: prmt them into bytes 1 and 3, zeros below (clean lanes)
+            k, j = divmod(l0, 4)
+            z = b.op("prmt", (b.word(k), 0), (((j + 1) << 12) | 0x0400 | (j << 4) | 0x4,))
+            b.store(_float_finish(b, z, True), l0, pair)
+            continue
+        o = rec.offset
+        a = b.window(l0 * n - o, o, o + (2 * n if pair else n))
+        if pair:
+            moved = b.op("shl", (a,), (16 - n,))
+            a = b.op("prmt", (a, moved), (_PRMT_SPLICE,))
+        b.store(_float_finish(b, a, False), l0, pair)
+
+
+def plan_cast(src: DType, dst: DType, size: int) -> list[Op] | None:
+    """The operations casting ``size`` locals of ``src`` to ``dst``; None if not covered."""
+    rec = recipe(src, dst)
+    if rec is None or size < 1:
+        return None
+    b = _Builder(rec, size)
+    if rec.method == "float":
+        _plan_float(b)
+    elif rec.method == "int8_f32":
+        _plan_int8_bf16(b)
+    elif rec.nbits == 8:
+        _plan_int8_f16(b)
+    else:
+        _plan_int_pairs(b, _plan_int_words(b))
+    return b.ops
+
+
+# ---------------------------------------------------------------------------------------
+# the numpy model: executes the very same operations
+
+
+def _lop3(a: np.ndarray, b: np.ndarray, c: np.ndarray, lut: int) -> np.ndarray:
+    out = np.zeros_like(a)
+    for i in range(8):
+        if lut >> i & 1:
+            out |= ((a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c))
+    return out
+
+
+def _prmt(a: np.ndarray, b: np.ndarray, sel: int) -> np.ndarray:
+    both = a.astype(np.uint64) | (b.astype(np.uint64) << np.uint64(32))
+    out = np.zeros_like(a)
+    for n in range(4):
+        byte = (both >> np.uint64(8 * ((sel >> 4 * n) & 7))) & np.uint64(0xFF)
+        out |= byte.astype(np.uint32) << np.uint32(8 * n)
+    return out
+
+
+def _split(v: np.ndarray, dst: DType) -> np.ndarray:
+    """[..., 2] float64 lane values of 32-bit patterns."""
+    lanes = np.stack([v & 0xFFFF, v >> 16], axis=-1).astype(np.uint64)
+    return from_codes(lanes, dst)
+
+
+def _join(values: np.ndarray, dst: DType) -> np.ndarray:
+    codes = to_codes(round_to(values, dst), dst).astype(np.uint32)
+    return codes[..., 0] | (codes[..., 1] << np.uint32(16))
+
+
+def _const_lanes(c: int, dst: DType) -> np.ndarray:
+    return _split(np.array([c], np.uint32), dst)[0]
+
+
+def simulate(ops: list[Op], words: np.ndarray, dst: DType, size: int) -> np.ndarray:
+    """Run ``ops`` on the source words ``[threads, W]`` (uint32); the ``[threads, size]``
+    uint16 patterns of the destination, as the emitted CUDA computes them (half2/bf162
+    arithmetic is IEEE round-to-nearest-even, subnormals kept)."""
+    words = np.asarray(words, dtype=np.uint32)
+    out = np.zeros((words.shape[0], size), np.uint16)
+    vals: dict[str, np.ndarray] = {}
+
+    def get(x: Operand) -> np.ndarray:
+        if isinstance(x, int):
+            return np.full(words.shape[0], x, np.uint32)
+        return vals[x]
+
+    with np.errstate(all="ignore"):
+        for op in ops:
+            a = [get(x) for x in op.args]
+            if op.kind == "word":
+                r = words[:, op.imm[0]].copy()
+            elif op.kind == "shr":
+                r = a[0] >> np.uint32(op.imm[0])
+            elif op.kind == "shl":
+                r = a[0] << np.uint32(op.imm[0])
+            elif op.kind == "shf":
+                both = a[0].astype(np.uint64) | (a[1].astype(np.uint64) << np.uint64(32))
+                r = (both >> np.uint64(op.imm[0])).astype(np.uint32)
+            elif op.kind == "lop3":
+                r = _lop3(a[0], a[1], a[2], op.imm[0])
+            elif op.kind == "prmt":
+                r = _prmt(a[0], a[1], op.imm[0])
+            elif op.kind == "hsub2":
+                r = _join(_split(a[0], dst) - _const_lanes(op.imm[0], dst), dst)
+            elif op.kind == "hmul2":
+                r = _join(_split(a[0], dst) * _const_lanes(op.imm[0], dst), dst)
+            elif op.kind == "hfma2":
+                mul, add = (_const_lanes(c, dst) for c in op.imm)
+                r = _join(_split(a[0], dst) * mul + add, dst)
+            elif op.kind == "hgt_mask":
+                over = np.abs(_split(a[0], dst)) > _const_lanes(op.imm[0], dst)
+                r = np.where(over[:, 0], 0xFFFF, 0) | np.where(over[:, 1], 0xFFFF0000, 0)
+                r = r.astype(np.uint32)
+            elif op.kind == "fsub":
+                c = np.array([op.imm[0]], np.uint32).view(np.float32)
+                r = (a[0].view(np.float32) - c).view(np.uint32)
+            elif op.kind == "store2":
+                out[:, op.imm[0]] = a[0] & 0xFFFF
+                out[:, op.imm[0] + 1] = a[0] >> 16
+                continue
+            elif op.kind == "store1":
+                out[:, op.imm[0]] = a[0] & 0xFFFF
+                continue
+            elif op.kind == "comment":
+                continue
+            else:
+                raise ValueError(f"unknown operation {op.kind!r}")
+            vals[op.out] = r.astype(np.uint32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA emission
+
+
+_HALF_OPS = ("hsub2", "hmul2", "hfma2")
+
+
+def _c_const(c: int) -> str:
+    return f"0x{c:08X}u"
+
+
+class _Printer:
+    """Prints operations as CUDA statements; values are ``lowvm_u32`` or the half2 type."""
+
+    def __init__(self, cg: CudaContext, src: str, dst: str, rec: Recipe, size: int,
+                 native_src: bool) -> None:
+        self.cg, self.src, self.dst, self.rec = cg, src, dst, rec
+        self.size, self.native_src = size, native_src
+        bf = rec.dst == bfloat16
+        self.h2 = "__nv_bfloat162" if bf else "__half2"
+        self.raw = "__nv_bfloat162_raw" if bf else "__half2_raw"
+        self.low = "__low2bfloat16" if bf else "__low2half"
+        self.from_bits = "__ushort_as_bfloat16" if bf else "__ushort_as_half"
+        self.names: dict[str, str] = {}
+        self.is_half: dict[str, bool] = {}
+        self.prefix = cg.fresh("fc")
+
+    def name(self, v: str) -> str:
+        return f"{self.prefix}_{v}"
+
+    def u32(self, x: Operand) -> str:
+        if isinstance(x, int):
+            return _c_const(x)
+        if self.is_half[x]:
+            return f"*reinterpret_cast<const lowvm_u32*>(&{self.name(x)})"
+        return self.name(x)
+
+    def half2(self, x: Operand) -> str:
+        if isinstance(x, int):
+            return f"{self.h2}({self.raw}{{0x{x & 0xFFFF:04X}, 0x{x >> 16:04X}}})"
+        if self.is_half[x]:
+            return self.name(x)
+        return f"*reinterpret_cast<const {self.h2}*>(&{self.name(x)})"
+
+    def word(self, k: int) -> str:
+        if not self.native_src:
+            return f"{self.src}[{k}]"
+        if 4 * k + 4 <= self.size:
+            return f"*reinterpret_cast<const lowvm_u32*>(&{self.src}[{4 * k}])"
+        parts = [f"((lowvm_u32)(lowvm_u8){self.src}[{i}] << {8 * (i - 4 * k)})"
+                 for i in range(4 * k, self.size)]
+        return " | ".join(parts)
+
+    def emit(self, op: Op) -> None:
+        cg, out = self.cg, self.name(op.out)
+        a = op.args
+        self.is_half[op.out] = op.kind in _HALF_OPS
+        if op.kind == "comment":
+            cg.line(f"// {op.out}")
+        elif op.kind == "word":
+            cg.line(f"const lowvm_u32 {out} = {self.word(op.imm[0])};")
+        elif op.kind in ("shr", "shl"):
+            sym = ">>" if op.kind == "shr" else "<<"
+            cg.line(f"const lowvm_u32 {out} = {self.u32(a[0])} {sym} {op.imm[0]};")
+        elif op.kind == "shf":
+            cg.line(f"const lowvm_u32 {out} = __funnelshift_r({self.u32(a[0])}, "
+                    f"{self.u32(a[1])}, {op.imm[0]});")
+        elif op.kind == "lop3":
+            cg.line(f"lowvm_u32 {out};")
+            cg.line(f'asm("lop3.b32 %0, %1, %2, %3, 0x{op.imm[0]:02X};" : "=r"({out}) : '
+                    + ", ".join(f'"r"({self.u32(x)})' for x in a) + ");")
+        elif op.kind == "prmt":
+            cg.line(f"const lowvm_u32 {out} = __byte_perm({self.u32(a[0])}, {self.u32(a[1])}, "
+                    f"0x{op.imm[0]:04X});")
+        elif op.kind == "hsub2":
+            cg.line(f"const {self.h2} {out} = __hsub2({self.half2(a[0])}, "
+                    f"{self.half2(op.imm[0])});")
+        elif op.kind == "hmul2":
+            cg.line(f"const {self.h2} {out} = __hmul2({self.half2(a[0])}, "
+                    f"{self.half2(op.imm[0])});")
+        elif op.kind == "hfma2":
+            cg.line(f"const {self.h2} {out} = __hfma2({self.half2(a[0])}, "
+                    f"{self.half2(op.imm[0])}, {self.half2(op.imm[1])});")
+        elif op.kind == "hgt_mask":
+            cg.line(f"const lowvm_u32 {out} = __hgt2_mask(__habs2({self.half2(a[0])}), "
+                    f"{self.half2(op.imm[0])});")
+        elif op.kind == "fsub":
+            c = float(np.array([op.imm[0]], np.uint32).view(np.float32)[0])
+            cg.line(f"const lowvm_u32 {out} = __float_as_uint(__uint_as_float("
+                    f"{self.u32(a[0])}) - {c!r}f);")
+        elif op.kind == "store2":
+            x = a[0]
+            if isinstance(x, str) and self.is_half[x]:
+                cg.line(f"*reinterpret_cast<{self.h2}*>(&{self.dst}[{op.imm[0]}]) = "
+                        f"{self.name(x)};")
+            else:
+                cg.line(f"*reinterpret_cast<lowvm_u32*>(&{self.dst}[{op.imm[0]}]) = "
+                        f"{self.u32(x)};")
+        elif op.kind == "store1":
+            x = a[0]
+            if isinstance(x, str) and self.is_half[x]:
+                cg.line(f"{self.dst}[{op.imm[0]}] = {self.low}({self.name(x)});")
+            else:
+                cg.line(f"{self.dst}[{op.imm[0]}] = {self.from_bits}("
+                        f"(unsigned short)({self.u32(x)} & 0xFFFFu));")
+        else:
+            raise ValueError(f"unknown operation {op.kind!r}")
+
+
+def emit_fast_cast(inst: Cast, cg: CudaContext) -> bool:
+    """Emit ``inst`` as bit manipulation when covered (see the module docstring).
+
+    Returns False, emitting nothing, for the casts the generic per-element loop handles.
+    """
+    from lowvm.codegen.context import is_packed
+
+    src, out = inst.src, inst.out
+    if src.layout is None or out.layout is None or src.layout != out.layout:
+        return False
+    size = out.layout.local_size
+    ops = plan_cast(src.dtype, out.dtype, size)
+    if ops is None:
+        return False
+    rec = recipe(src.dtype, out.dtype)
+    assert rec is not None
+    native = not is_packed(src.dtype)
+    assert native == (src.dtype in (int8, uint8))
+    printer = _Printer(cg, cg.name(src), cg.name(out), rec, size, native)
+    cg.line(f"// {inst}  [bit-manipulation cast, two locals per 32-bit word]")
+    cg.line("{")
+    cg.depth += 1
+    for op in ops:
+        printer.emit(op)
+    cg.depth -= 1
+    cg.line("}")
+    return True
