@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lowvm
-from lowvm.kernels.quant_matmul import quant_matmul
+from lowvm.kernels.quant_gemm import quant_gemm
 from lowvm.nn import backend
 from lowvm.nn.quant_linear import QuantLinear
 from tests.test_nn_model import tiny_llama
@@ -50,19 +50,24 @@ def test_compile_fullgraph_model():
         assert torch.equal(compiled(ids, use_cache=False).logits, eager)
 
 
-def _interpreted_launch(m, n, k, x, w, scales, y, layer, bk):
-    """backend._launch through lowvm.interpret: the kernel's semantics, on numpy."""
+def _interpreted_library(x, weight, schedule=None):
+    """The library's quant_linear with quant_gemm run by lowvm.interpret (numpy)."""
+    m, n, k = x.shape[0], weight.n, weight.k
     out = np.zeros((m, n), np.float16)
-    lowvm.interpret(quant_matmul, m, n, k, x.numpy(), w.numpy(), scales.numpy(), out,
-                    wtype=layer.wtype, group=layer.group_size, bk=bk)
-    y.copy_(torch.from_numpy(out))
+    zeros = weight.scales if weight.zeros is None else weight.zeros
+    program = quant_gemm.build(wtype=weight.wtype, group=weight.group, bk=weight.bk,
+                               zero_point=weight.zeros is not None)
+    lowvm.interpret(program, m, n, k, x.numpy(), weight.packed.numpy(),
+                    weight.scales.numpy(), zeros.numpy(), out, np.zeros((m, n), np.float32))
+    return torch.from_numpy(out)
 
 
 @pytest.mark.parametrize("wtype,group,bias", [("uint4", 64, True), ("int4", 32, False),
                                               ("e3m2", 128, True)])
 def test_cuda_path_arithmetic_with_the_interpreted_kernel(monkeypatch, wtype, group, bias):
-    """Zero-point correction, bias and bk choice of cuda_quant_linear, kernel interpreted."""
-    monkeypatch.setattr(backend, "_launch", _interpreted_launch)
+    """Repacking on the device, zero points and bias of cuda_quant_linear, with the
+    library kernel interpreted."""
+    monkeypatch.setattr(backend, "library_quant_linear", _interpreted_library)
     layer = _layer(wtype, bias, group=group)
     x = torch.randn(3, 128, dtype=torch.float16)
     y = backend.cuda_quant_linear(x, layer.packed())
@@ -75,9 +80,9 @@ def test_cuda_path_arithmetic_with_the_interpreted_kernel(monkeypatch, wtype, gr
 
 @pytest.mark.parametrize("group", [16, 64, 128, 256])
 def test_kernel_builds_for_every_group_the_checks_accept(group):
-    """Every group size that passes shape_problem gives a buildable kernel (bk | group)."""
-    assert backend.shape_problem(256, 64, group) is None
-    from math import gcd
+    """Every group size that passes shape_problem gives a buildable kernel."""
+    from lowvm.kernels.library import weight_bk
 
-    program = quant_matmul.build(wtype=lowvm.int3, group=group, bk=gcd(64, group))
+    assert backend.shape_problem(256, 64, group) is None
+    program = quant_gemm.build(wtype=lowvm.int3, group=group, bk=weight_bk(group, 256))
     assert program is not None

@@ -36,7 +36,8 @@ from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, swizzle_128b
 
 __all__ = ["quant_gemm", "quant_gemm_bf16", "finish_split", "finish_split_bf16",
-           "GemmSchedule", "weight_layouts", "repack_weights", "unpack_repacked"]
+           "GemmSchedule", "weight_layouts", "repack_index", "repack_weights",
+           "unpack_repacked"]
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,9 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     gz = vm.global_view(zeros, [k // group, n])
     group_layout = reduce(lay.b, [0], keepdims=True)
 
-    sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype))
+    # the 128-byte swizzle keeps ldmatrix conflict-free; rows under 128 bytes stay plain
+    swizzled = bk * adtype.nbits // 8 >= 128
+    sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     packed = vm.load_global(gw, [(k_tile0 * n_tiles + vm.block_index(0)) * lw.rows, 0],
                             [lw.rows, lw.bytes_per_thread], lw.packed)
@@ -193,9 +196,19 @@ def finish_split_bf16(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.bflo
 # offline weight repacking (host, numpy) and its inverse
 
 
-def _tile_table(lw: WeightLayouts) -> np.ndarray:
-    """``[rows, values per thread, 2]`` (k, n) inside a tile, for the distinct threads."""
-    return np.asarray(lw.values.table[: lw.rows])
+def repack_index(wtype: DType | str, n: int, schedule: GemmSchedule
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Where a repacked K tile's values come from: ``(rows [NT, T, L], cols [T, L])``.
+
+    Tile ``kt`` of the repacked weight is ``pack(codes[rows, kt * bk + cols])``: for each
+    N tile, each thread with distinct data (T of them) and each of its L values in
+    register order. One K tile at a time keeps the index arrays small.
+    """
+    s = schedule
+    lw = weight_layouts(as_dtype(wtype), s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
+    table = np.asarray(lw.values.table[: lw.rows])  # [T, L, (k, n)]
+    rows = np.arange(n // s.bn)[:, None, None] * s.bn + table[None, :, :, 1]
+    return rows, table[:, :, 0]
 
 
 def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
@@ -203,29 +216,20 @@ def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
     """Codes ``[N, K]`` (integers of ``wtype``) -> repacked bytes for :func:`quant_gemm`."""
     wt = as_dtype(wtype)
     n, k = codes.shape
-    s = schedule
-    lw = weight_layouts(wt, s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
-    table = _tile_table(lw)
-    kt = np.arange(k // s.bk)[:, None, None, None]
-    nt = np.arange(n // s.bn)[None, :, None, None]
-    rows = nt * s.bn + table[None, None, :, :, 1]
-    cols = kt * s.bk + table[None, None, :, :, 0]
-    stream = codes[rows, cols]  # [KT, NT, rows, values]
-    return pack(stream.reshape(-1), wt).reshape(-1, lw.bytes_per_thread)
+    rows, cols = repack_index(wt, n, schedule)
+    stream = np.stack([codes[rows, kt * schedule.bk + cols] for kt in range(k // schedule.bk)])
+    bytes_per_thread = cols.shape[1] * wt.nbits // 8
+    return pack(stream.reshape(-1), wt).reshape(-1, bytes_per_thread)
 
 
 def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
                     schedule: GemmSchedule) -> np.ndarray:
     """The inverse of :func:`repack_weights`: codes ``[N, K]``."""
     wt = as_dtype(wtype)
-    s = schedule
-    lw = weight_layouts(wt, s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
-    table = _tile_table(lw)
-    kt_n, nt_n = k // s.bk, n // s.bn
-    values = unpack(packed.reshape(-1), wt, kt_n * nt_n * table.shape[0] * table.shape[1])
-    values = values.reshape(kt_n, nt_n, *table.shape[:2])
+    rows, cols = repack_index(wt, n, schedule)
+    tiles = k // schedule.bk
+    values = unpack(packed.reshape(-1), wt, tiles * rows.size).reshape(tiles, *rows.shape)
     codes = np.zeros((n, k), dtype=values.dtype)
-    kt = np.arange(kt_n)[:, None, None, None]
-    nt = np.arange(nt_n)[None, :, None, None]
-    codes[nt * s.bn + table[None, None, :, :, 1], kt * s.bk + table[None, None, :, :, 0]] = values
+    for kt in range(tiles):
+        codes[rows, kt * schedule.bk + cols] = values[kt]
     return codes

@@ -1,35 +1,37 @@
 """Where a quantized linear layer meets the GPU kernel: the only file that calls it.
 
-:func:`quant_linear` picks the path for one call: :func:`cuda_quant_linear` (today's
-``lowvm.kernels.quant_matmul``) for float16 activations on a CUDA device, otherwise the
-reference path (dequantize, then matmul in float32). The layout the kernel wants is the
-plain one stored by :class:`~lowvm.nn.quant_linear.QuantLinear`: ``qweight [N, K*bits/8]``
-bit-stream rows, ``scales [K/group, N]`` float16. What today's kernel lacks is made up here
-with torch (zero points, bias, bfloat16), so that replacing the kernel touches this file
-only. :func:`shape_problem` states the kernel's shape rules for the checks made before any
-weight is quantized.
+:func:`quant_linear` picks the path for one call: :func:`cuda_quant_linear` (the
+library's ``quant_gemm``, :mod:`lowvm.kernels.library`) for float16/bfloat16 activations
+on a CUDA device, otherwise the reference path (dequantize, then matmul in float32).
+:class:`~lowvm.nn.quant_linear.QuantLinear` stores the plain format (``qweight [N,
+K*bits/8]`` bit-stream rows, ``scales``/``zeros [K/group, N]``), which is what checkpoints
+hold; the kernel's repacked copy is made on the device the first time a weight is used
+(:func:`gpu_weight`) and kept while ``qweight`` is unchanged. :func:`shape_problem`
+states the kernel's shape rules for the checks made before any weight is quantized.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
-from typing import Any
+import weakref
 
 import torch
 
+from lowvm.kernels.library import QuantWeight, weight_bk
+from lowvm.kernels.library import quant_linear as library_quant_linear
 from lowvm.nn.packed import PackedLinear, dequantize
+from lowvm.nn.packing import pack_rows, unpack_rows
 
-__all__ = ["quant_linear", "cuda_quant_linear", "reference_quant_linear", "shape_problem",
+__all__ = ["quant_linear", "cuda_quant_linear", "gpu_weight", "reference_quant_linear",
+           "shape_problem",
            "LowvmFallbackWarning", "IN_FEATURES_MULTIPLE", "OUT_FEATURES_MULTIPLE",
            "GROUP_MULTIPLE"]
 
-# The kernel's tile rules: K runs in steps of bk (at most 64, dividing the group, a
-# multiple of the MMA's k=16); N is masked today, but the tuned kernels tile it by 64.
+# The kernel's tile rules: K runs in steps of bk = min(128, group) (a multiple of the
+# MMA's k = 16), and the repacked weight is tiled by 64 along N.
 IN_FEATURES_MULTIPLE = 64
 OUT_FEATURES_MULTIPLE = 64
 GROUP_MULTIPLE = 16
-_BK_MAX = 64
 
 
 class LowvmFallbackWarning(UserWarning):
@@ -67,55 +69,54 @@ def reference_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tens
     return y.to(x2d.dtype)
 
 
-_programs: dict[tuple[str, int, int], Any] = {}
+_gpu_weights: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _launch(m: int, n: int, k: int, x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor,
-            y: torch.Tensor, layer: PackedLinear, bk: int) -> None:
-    """One call of today's quant_matmul (compiled once per type/group/bk, then cached)."""
-    key = (layer.wtype.name, layer.group_size, bk)
-    program = _programs.get(key)
-    if program is None:
-        import lowvm
-        from lowvm.kernels.quant_matmul import quant_matmul
+def _repack_on_device(layer: PackedLinear, bk: int) -> torch.Tensor:
+    """The layer's codes repacked for ``quant_gemm`` (torch, on the weight's device)."""
+    from lowvm.kernels.quant_gemm import GemmSchedule, repack_index
 
-        program = lowvm.compile(quant_matmul, wtype=layer.wtype, group=layer.group_size, bk=bk)
-        _programs[key] = program
-    program(m, n, k, x, w, scales, y)
+    k, n, nbits = layer.in_features, layer.out_features, layer.wtype.nbits
+    codes = unpack_rows(layer.qweight, nbits, k)  # [N, K] uint8
+    rows, cols = repack_index(layer.wtype, n, GemmSchedule(bk=bk))
+    rows_t = torch.from_numpy(rows).to(codes.device)
+    cols_t = torch.from_numpy(cols).to(codes.device)
+    values = cols.shape[1]
+    tiles = [pack_rows(codes[rows_t, kt * bk + cols_t].reshape(-1, values), nbits)
+             for kt in range(k // bk)]
+    return torch.cat(tiles)
+
+
+def gpu_weight(layer: PackedLinear) -> QuantWeight:
+    """The layer's weight in the kernel's repacked format, made once per ``qweight``
+    (and again if ``qweight`` is modified in place, e.g. by ``load_state_dict``)."""
+    cached = _gpu_weights.get(layer.qweight)
+    version = layer.qweight._version
+    if cached is None or cached[0] != version:
+        n, k = layer.out_features, layer.in_features
+        bk = weight_bk(layer.group_size, k)
+        weight = QuantWeight(_repack_on_device(layer, bk), layer.scales.to(torch.float16),
+                             layer.wtype, layer.group_size, n, k, bk,
+                             None if layer.zeros is None else layer.zeros.to(torch.float16))
+        cached = (version, weight)
+        _gpu_weights[layer.qweight] = cached
+    return cached[1]
 
 
 def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
-    """``x2d [M, K]`` float16 on CUDA -> ``y [M, N]`` float16 through the lowvm kernel.
-
-    The kernel computes ``x @ (q * scale)^T``; with zero points this subtracts
-    ``(x summed per group) @ (zero * scale)`` in float32, then adds the bias.
-    """
-    m, k = x2d.shape
-    n = layer.out_features
-    x = x2d.contiguous()
-    y = torch.empty((m, n), dtype=torch.float16, device=x.device)
-    _launch(m, n, k, x, layer.qweight, layer.scales, y, layer, math.gcd(_BK_MAX, layer.group_size))
-    if layer.zeros is None and layer.bias is None:
-        return y
-    out = y.float()
-    if layer.zeros is not None:
-        xg = x.float().view(m, k // layer.group_size, layer.group_size).sum(dim=-1)
-        out = out - xg @ (layer.zeros.float() * layer.scales.float())
+    """``x2d [M, K]`` float16/bfloat16 on CUDA -> ``y [M, N]`` through ``quant_gemm``
+    (zero points are applied inside the kernel; the bias is added after)."""
+    y = library_quant_linear(x2d.contiguous(), gpu_weight(layer))
     if layer.bias is not None:
-        out = out + layer.bias.float()
-    return out.to(torch.float16)
+        y = y + layer.bias.to(y.dtype)
+    return y
 
 
 def quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     """The forward of one layer on the best path available for these activations."""
-    if x2d.is_cuda and x2d.dtype == torch.float16:
+    if x2d.is_cuda and x2d.dtype in (torch.float16, torch.bfloat16):
         return cuda_quant_linear(x2d, layer)
-    if x2d.is_cuda:
-        # bfloat16: today's kernel takes float16 activations only, and casting bf16 to fp16
-        # would overflow past 65504 and lose small values; the reference path keeps range.
-        _warn_once("bf16", "lowvm: bfloat16 activations run on the reference path "
-                   "(dequantize + matmul) until the kernel takes bfloat16")
-    else:
+    if not x2d.is_cuda:
         _warn_once("cpu", "lowvm: no CUDA device for these activations; quantized layers run "
                    "on the reference path (dequantize + matmul), which is slow")
     return reference_quant_linear(x2d, layer)
