@@ -130,6 +130,8 @@ def _codes(src, size: int, threads: int, rng: np.random.Generator) -> np.ndarray
     """Random codes whose first entries run through every code of ``src``, in every local."""
     codes = rng.integers(0, 1 << src.nbits, (threads, size))
     every = np.arange(1 << src.nbits)
+    if threads < every.size:
+        raise ValueError(f"{threads} threads cannot hold every code of {src.name}")
     for local in range(size):  # every code at every local position
         codes[: every.size, local] = np.roll(every, local)
     return codes
@@ -239,7 +241,10 @@ def test_source_has_no_per_element_decoding(case):
     body = _kernel_body(generate_cuda(_program(src, dst, 24)).source)
     if src.nbits in (3, 5, 6, 7):  # codes straddle 32-bit words
         assert "__funnelshift_r" in body
+    # 32-bit loads and stores on the register arrays rely on their declared alignment
     assert re.search(r"__align__\(16\) (__half|__nv_bfloat16) r\d+\[", body)
+    if src.nbits == 8 and src.is_integer:
+        assert re.search(r"__align__\(16\) lowvm_[iu]8 r\d+\[24\]", body)
 
 
 @pytest.mark.parametrize("case", sorted(NOT_COVERED, key=str), ids=_ids)
@@ -341,7 +346,7 @@ def test_gpu_matches_interpreter_bit_exactly(case, size):
 
     src, dst = case
     rng = np.random.default_rng(src.nbits * 100 + size)
-    blocks = 3
+    blocks = max(3, (1 << src.nbits) // _THREADS)  # every code in every local
     n = blocks * _THREADS * size
     codes = _codes(src, size, blocks * _THREADS, rng).reshape(-1)
     finite = np.isfinite(decode(codes, src))
