@@ -5,15 +5,15 @@ library's ``quant_gemm``, :mod:`lowvm.kernels.library`) for float16/bfloat16 act
 on a CUDA device, otherwise the reference path (dequantize, then matmul in float32).
 :class:`~lowvm.nn.quant_linear.QuantLinear` stores the plain format (``qweight [N,
 K*bits/8]`` bit-stream rows, ``scales``/``zeros [K/group, N]``), which is what checkpoints
-hold; the kernel's repacked copy is made on the device the first time a weight is used
-(:func:`gpu_weight`) and kept while ``qweight`` is unchanged. :func:`shape_problem`
-states the kernel's shape rules for the checks made before any weight is quantized.
+hold; the kernel's repacked copy (:func:`repack_for_kernel`) is kept by the layer as its
+``kernel_weight`` buffer, remade whenever ``qweight`` changes through the layer.
+:func:`shape_problem` states the kernel's shape rules for the checks made before any
+weight is quantized.
 """
 
 from __future__ import annotations
 
 import warnings
-import weakref
 
 import torch
 
@@ -22,7 +22,7 @@ from lowvm.kernels.library import quant_linear as library_quant_linear
 from lowvm.nn.packed import PackedLinear, dequantize
 from lowvm.nn.packing import pack_rows, unpack_rows
 
-__all__ = ["quant_linear", "cuda_quant_linear", "gpu_weight", "reference_quant_linear",
+__all__ = ["quant_linear", "cuda_quant_linear", "repack_for_kernel", "reference_quant_linear",
            "shape_problem",
            "LowvmFallbackWarning", "IN_FEATURES_MULTIPLE", "OUT_FEATURES_MULTIPLE",
            "GROUP_MULTIPLE"]
@@ -69,53 +69,43 @@ def reference_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tens
     return y.to(x2d.dtype)
 
 
-_gpu_weights: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _repack_on_device(layer: PackedLinear, bk: int) -> torch.Tensor:
+def repack_for_kernel(layer: PackedLinear) -> torch.Tensor:
     """The layer's codes repacked for ``quant_gemm`` (torch, on the weight's device)."""
     from lowvm.kernels.quant_gemm import GemmSchedule, repack_index
 
     k, n, nbits = layer.in_features, layer.out_features, layer.wtype.nbits
+    bk = weight_bk(layer.group_size, k)
     codes = unpack_rows(layer.qweight, nbits, k)  # [N, K] uint8
     rows, cols = repack_index(layer.wtype, n, GemmSchedule(bk=bk))
-    rows_t = torch.from_numpy(rows).to(codes.device)
-    cols_t = torch.from_numpy(cols).to(codes.device)
+    rows_t = torch.tensor(rows, device=codes.device)
+    cols_t = torch.tensor(cols, device=codes.device)
     values = cols.shape[1]
     tiles = [pack_rows(codes[rows_t, kt * bk + cols_t].reshape(-1, values), nbits)
              for kt in range(k // bk)]
     return torch.cat(tiles)
 
 
-def gpu_weight(layer: PackedLinear) -> QuantWeight:
-    """The layer's weight in the kernel's repacked format, made once per ``qweight``
-    (and again if ``qweight`` is modified in place, e.g. by ``load_state_dict``)."""
-    cached = _gpu_weights.get(layer.qweight)
-    version = layer.qweight._version
-    if cached is None or cached[0] != version:
-        n, k = layer.out_features, layer.in_features
-        bk = weight_bk(layer.group_size, k)
-        weight = QuantWeight(_repack_on_device(layer, bk), layer.scales.to(torch.float16),
-                             layer.wtype, layer.group_size, n, k, bk,
-                             None if layer.zeros is None else layer.zeros.to(torch.float16))
-        cached = (version, weight)
-        _gpu_weights[layer.qweight] = cached
-    return cached[1]
-
-
-def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
+def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear,
+                      kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
     """``x2d [M, K]`` float16/bfloat16 on CUDA -> ``y [M, N]`` through ``quant_gemm``
-    (zero points are applied inside the kernel; the bias is added after)."""
-    y = library_quant_linear(x2d.contiguous(), gpu_weight(layer))
+    (zero points are applied inside the kernel; the bias is added after).
+    ``kernel_weight`` is :func:`repack_for_kernel` of the layer, made here when None."""
+    if kernel_weight is None:
+        kernel_weight = repack_for_kernel(layer)
+    n, k = layer.out_features, layer.in_features
+    weight = QuantWeight(kernel_weight, layer.scales, layer.wtype, layer.group_size, n, k,
+                         weight_bk(layer.group_size, k), layer.zeros)
+    y = library_quant_linear(x2d.contiguous(), weight)
     if layer.bias is not None:
         y = y + layer.bias.to(y.dtype)
     return y
 
 
-def quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
+def quant_linear(x2d: torch.Tensor, layer: PackedLinear,
+                 kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The forward of one layer on the best path available for these activations."""
     if x2d.is_cuda and x2d.dtype in (torch.float16, torch.bfloat16):
-        return cuda_quant_linear(x2d, layer)
+        return cuda_quant_linear(x2d, layer, kernel_weight)
     if not x2d.is_cuda:
         _warn_once("cpu", "lowvm: no CUDA device for these activations; quantized layers run "
                    "on the reference path (dequantize + matmul), which is slow")

@@ -65,6 +65,10 @@ class QuantLinear(nn.Module):
                              if bias else None)
         self.register_buffer("input_perm", torch.arange(in_features, **kw)
                              if act_order else None)
+        # the GPU kernel's repacked copy of qweight: derived, never saved, remade whenever
+        # qweight changes through this class (set_codes, load_state_dict, .to/.cuda)
+        self.register_buffer("kernel_weight", None, persistent=False)
+        self._refresh_kernel_weight()
 
     @property
     def wtype(self) -> DType:
@@ -112,6 +116,19 @@ class QuantLinear(nn.Module):
             self.zeros.copy_(zeros)
         if self.input_perm is not None and input_perm is not None:
             self.input_perm.copy_(input_perm)
+        self._refresh_kernel_weight()
+
+    @torch.no_grad()
+    def _refresh_kernel_weight(self) -> None:
+        """Repack ``qweight`` for the GPU kernel (on CUDA only; None elsewhere)."""
+        from lowvm.nn.backend import repack_for_kernel
+
+        self.kernel_weight = (repack_for_kernel(self.packed()) if self.qweight.is_cuda
+                              else None)
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._refresh_kernel_weight()
 
     def packed(self) -> PackedLinear:
         """The tensors every forward path works from (in stored K order)."""
@@ -144,7 +161,8 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         y = torch.ops.lowvm.quant_linear(x.reshape(-1, self.in_features), self.qweight,
                                          self.scales, self.zeros, self.bias,
-                                         self.spec.wtype.name, self.spec.group_size)
+                                         self.spec.wtype.name, self.spec.group_size,
+                                         self.kernel_weight)
         return y.reshape(*lead, self.out_features)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
@@ -163,6 +181,8 @@ class QuantLinear(nn.Module):
             merged = {**self._buffers, **kept}
             self._buffers.clear()
             self._buffers.update((name, merged[name]) for name in order)
+        if (self.kernel_weight is None) == self.qweight.is_cuda:  # moved to or from CUDA
+            self._refresh_kernel_weight()
         return self
 
     def layer_config(self) -> dict[str, Any]:
@@ -171,8 +191,10 @@ class QuantLinear(nn.Module):
                 "act_order": self.input_perm is not None}
 
     def weight_bytes(self) -> int:
-        """Bytes held by the layer (packed weights, scales, zeros, bias, permutation)."""
-        return sum(b.numel() * b.element_size() for b in self.buffers(recurse=False))
+        """Bytes held by the layer (packed weights, scales, zeros, bias, permutation; the
+        kernel's repacked copy is the same bytes in another order and is not counted)."""
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers(
+            recurse=False) if name != "kernel_weight")
 
     def extra_repr(self) -> str:
         s = self.spec
