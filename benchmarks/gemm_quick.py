@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--types", default="int4")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--splits", action="store_true", help="also time every split for M<=16")
+    ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
+                    "schedule's)")
     args = ap.parse_args()
     flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
     rows = []
@@ -70,16 +72,17 @@ def main() -> None:
                 if args.splits and m <= 16:
                     splits = sorted({1, 2, 4, 8, base.split})
                 ref = (x.float() @ deq.T)
-                for sp in splits:
+                depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
+                for sp, depth in [(sp, d) for sp in splits for d in depths]:
                     s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
-                                     base.stages)
+                                     base.stages, depth)
                     if (k // s.bk) % sp:
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())
                     us = timed(lambda s=s, x=x, qw=qw: quant_linear(x, qw, s), flush)
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
-                                     bm=s.bm, us=us, rel_err=err,
+                                     prefetch=depth, bm=s.bm, us=us, rel_err=err,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                                      floor_us=wbytes / 3.04e6))
                     print(json.dumps(rows[-1]), flush=True)
@@ -92,10 +95,11 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("\n kernel       dtype   K      N     M    split   us      GB/s   TFLOP/s  floor_us  err")
+    print("\n kernel       dtype   K      N     M    split pf   us      GB/s   TFLOP/s  floor  err")
     for r in rows:
         print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
-              f"{r.get('split', '-')!s:<5} {r['us']:8.1f} {r['gbps']:7.0f} {r['tflops']:7.1f} "
+              f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} {r['us']:8.1f} "
+              f"{r['gbps']:7.0f} {r['tflops']:7.1f} "
               f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
 
 

@@ -43,13 +43,14 @@ def test_repack_round_trips(wtype):
     assert np.array_equal(unpack_repacked(packed, wtype, 128, 256, sched), codes)
 
 
-@pytest.mark.parametrize("wtype,split,m", [("int4", 1, 3), ("int3", 2, 1), ("float6_e3m2", 1, 17),
-                                           ("uint2", 2, 5), ("int8", 1, 2)])
-def test_interpreter_matches_float64(wtype, split, m):
+@pytest.mark.parametrize("wtype,split,m,prefetch", [
+    ("int4", 1, 3, 1), ("int3", 2, 1, 3), ("float6_e3m2", 1, 17, 2), ("uint2", 2, 5, 1),
+    ("int8", 1, 2, 6)])
+def test_interpreter_matches_float64(wtype, split, m, prefetch):
     rng = np.random.default_rng(2)
     n, k, g = 128, 512, 128
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
-    sched = GemmSchedule(split=split)
+    sched = GemmSchedule(split=split, prefetch=prefetch)  # prefetch past the K range too
     packed = repack_weights(codes, wtype, sched)
     x = rng.standard_normal((m, k)).astype(np.float16)
     y = np.full((m, n), np.nan, np.float16)
@@ -143,9 +144,9 @@ def test_gpu_matches_float64(wtype, m):
     qw = prepare_weight(codes, scales, wtype, g)
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = _reference(x, codes, scales, wtype, g)
-    for split in (1, 2, 4):
+    for split, prefetch in ((1, 1), (2, 4), (4, 2)):
         s = choose_schedule(m, n, k, qw.bk)
-        s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, split, s.stages)
+        s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, split, s.stages, prefetch)
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)

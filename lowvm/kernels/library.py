@@ -132,7 +132,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
            and steps // (2 * split) >= 4):
         split *= 2
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=2 if m <= 16 else 3)
+                        split=split, stages=2 if m <= 16 else 3,
+                        prefetch=4 if m <= 16 else 2)
 
 
 _COMPILED: dict[tuple, Any] = {}

@@ -14,8 +14,9 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
   put every SM to work streaming weights; partial tiles are added atomically into a
   float32 workspace, which :func:`finish_split` turns into float16.
-- **Prefetch**: the next K step's weights are loaded before the current step's math, so
-  each thread keeps two steps of loads in flight.
+- **Prefetch**: a register FIFO of ``prefetch`` K steps of weights: the load for step
+  ``kk + prefetch`` is issued before step ``kk``'s math, so each thread keeps that many
+  16-byte loads in flight (decode is latency-bound without it).
 
 Shapes: ``k`` a multiple of ``bk * split``, ``n`` of ``bn``, ``group`` a multiple of
 ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
@@ -51,11 +52,13 @@ class GemmSchedule:
     warps_n: int = 4
     split: int = 1
     stages: int | None = None
+    prefetch: int = 1
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
         return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
-                "warps_n": self.warps_n, "split": self.split, "stages": self.stages}
+                "warps_n": self.warps_n, "split": self.split, "stages": self.stages,
+                "prefetch": self.prefetch}
 
 
 @dataclass(frozen=True)
@@ -89,9 +92,10 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
 
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
                      group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                     warps_n: int, split: int, stages: int | None) -> None:
+                     warps_n: int, split: int, stages: int | None, prefetch: int) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     lay = lw.mma
     vm.set_warps(warps_m * warps_n)
@@ -112,17 +116,20 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     swizzled = bk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    packed = vm.load_global(gw, [(k_tile0 * n_tiles + vm.block_index(0)) * lw.rows, 0],
-                            [lw.rows, lw.bytes_per_thread], lw.packed)
+    last = k_tile0 + k_steps - 1
+
+    def weights(kt):  # the packed weight tile of K step kt (clamped to this block's range)
+        row = (minimum(kt, last) * n_tiles + vm.block_index(0)) * lw.rows
+        return vm.load_global(gw, [row, 0], [lw.rows, lw.bytes_per_thread], lw.packed)
+
+    # `prefetch` K steps of weights in flight per thread: a register FIFO
+    fifo = [weights(k_tile0 + i) for i in range(prefetch)]
     for kk in vm.range(k_steps, stages=stages):
         kt = k_tile0 + kk
         vm.copy_async(sx, gx, [row0, kt * bk])
         vm.commit_group()
-        # prefetch the next step's weights (the last step re-reads its own tile)
-        nxt_kt = minimum(kt + 1, k_tile0 + k_steps - 1)
-        nxt = vm.load_global(gw, [(nxt_kt * n_tiles + vm.block_index(0)) * lw.rows, 0],
-                             [lw.rows, lw.bytes_per_thread], lw.packed)
-        q = vm.view(packed, wtype, lw.values)
+        nxt = weights(kt + prefetch)
+        q = vm.view(fifo[0], wtype, lw.values)
         g = [kt * bk // group, col0]
         wk = vm.cast(q, adtype)
         if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
@@ -132,7 +139,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
         vm.sync()
         xa = vm.load_shared(sx, lay.a)
         vm.dot(xa, wk, acc, out=acc)
-        vm.assign(packed, nxt)
+        for older, newer in zip(fifo, [*fifo[1:], nxt]):
+            vm.assign(older, newer)
         vm.sync()
     if split == 1:
         vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
@@ -147,14 +155,15 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                y: vm.ptr[vm.float16], ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
-               stages: int | None = None):
+               stages: int | None = None, prefetch: int = 1):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1).
 
     ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
     ``q * scales``; ``zeros`` is not read without ``zero_point``.
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.float16, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages)
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
+                     prefetch)
 
 
 @vm.program
@@ -164,10 +173,11 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
                     zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
-                    stages: int | None = None):
+                    stages: int | None = None, prefetch: int = 1):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.bfloat16, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages)
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
+                     prefetch)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:
