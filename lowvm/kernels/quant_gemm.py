@@ -14,9 +14,9 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
   put every SM to work streaming weights; partial tiles are added atomically into a
   float32 workspace, which :func:`finish_split` turns into float16.
-- **Prefetch**: a register FIFO of ``prefetch`` K steps of weights: the load for step
-  ``kk + prefetch`` is issued before step ``kk``'s math, so each thread keeps that many
-  16-byte loads in flight (decode is latency-bound without it).
+- **Prefetch**: a register FIFO of ``prefetch`` K steps of weights and group scales: the
+  loads for step ``kk + prefetch`` are issued before step ``kk``'s math, so each thread
+  keeps that many steps of loads in flight (decode is latency-bound without it).
 
 Shapes: ``k`` a multiple of ``bk * split``, ``n`` of ``bn``, ``group`` a multiple of
 ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
@@ -118,29 +118,36 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     last = k_tile0 + k_steps - 1
 
-    def weights(kt):  # the packed weight tile of K step kt (clamped to this block's range)
-        row = (minimum(kt, last) * n_tiles + vm.block_index(0)) * lw.rows
-        return vm.load_global(gw, [row, 0], [lw.rows, lw.bytes_per_thread], lw.packed)
+    def step_data(kt):
+        """Packed weights, scales (and zeros) of K step kt, clamped to this block's range."""
+        kt = minimum(kt, last)
+        row = (kt * n_tiles + vm.block_index(0)) * lw.rows
+        g = [kt * bk // group, col0]
+        data = [vm.load_global(gw, [row, 0], [lw.rows, lw.bytes_per_thread], lw.packed),
+                vm.load_global(gs, g, [1, bn], group_layout)]
+        if zero_point:
+            data.append(vm.load_global(gz, g, [1, bn], group_layout))
+        return data
 
-    # `prefetch` K steps of weights in flight per thread: a register FIFO
-    fifo = [weights(k_tile0 + i) for i in range(prefetch)]
+    # `prefetch` K steps of weights and scales in flight per thread: a register FIFO
+    fifo = [step_data(k_tile0 + i) for i in range(prefetch)]
     for kk in vm.range(k_steps, stages=stages):
         kt = k_tile0 + kk
         vm.copy_async(sx, gx, [row0, kt * bk])
         vm.commit_group()
-        nxt = weights(kt + prefetch)
-        q = vm.view(fifo[0], wtype, lw.values)
-        g = [kt * bk // group, col0]
-        wk = vm.cast(q, adtype)
+        nxt = step_data(kt + prefetch)
+        packed, scale, *zero = fifo[0]
+        wk = vm.cast(vm.view(packed, wtype, lw.values), adtype)
         if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
-            wk = wk - vm.load_global(gz, g, [1, bn], group_layout)
-        wk = wk * vm.load_global(gs, g, [1, bn], group_layout)
+            wk = wk - zero[0]
+        wk = wk * scale
         vm.wait_group(0)
         vm.sync()
         xa = vm.load_shared(sx, lay.a)
         vm.dot(xa, wk, acc, out=acc)
         for older, newer in zip(fifo, [*fifo[1:], nxt]):
-            vm.assign(older, newer)
+            for dst, src in zip(older, newer):
+                vm.assign(dst, src)
         vm.sync()
     if split == 1:
         vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
