@@ -76,7 +76,7 @@ def main() -> None:
                 for sp, depth in [(sp, d) for sp in splits for d in depths]:
                     s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
                                      base.stages, depth)
-                    if (k // s.bk) % sp:
+                    if (k // s.bk) % (sp * depth):
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())

@@ -133,7 +133,15 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         split *= 2
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
                         split=split, stages=2 if m <= 16 else 3,
-                        prefetch=4 if m <= 16 else 2)
+                        prefetch=_largest_dividing(4 if m <= 16 else 1, steps // split))
+
+
+def _largest_dividing(limit: int, steps: int) -> int:
+    """The largest power of two <= limit dividing ``steps``."""
+    p = limit
+    while steps % p:
+        p //= 2
+    return p
 
 
 _COMPILED: dict[tuple, Any] = {}
@@ -166,6 +174,9 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
         raise LowvmError(f"schedule {s} does not match the weight's format (bk={weight.bk}, "
                          f"bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
+    if (k // s.bk) % (s.split * s.prefetch):
+        raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple of "
+                         f"split x prefetch = {s.split * s.prefetch}")
     bf16 = x.dtype == torch.bfloat16
     scales, zeros = weight.for_dtype(x.dtype)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -14,12 +14,12 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
   put every SM to work streaming weights; partial tiles are added atomically into a
   float32 workspace, which :func:`finish_split` turns into float16.
-- **Prefetch**: a register FIFO of ``prefetch`` K steps of weights and group scales: the
-  loads for step ``kk + prefetch`` are issued before step ``kk``'s math, so each thread
-  keeps that many steps of loads in flight (decode is latency-bound without it).
+- **Prefetch**: ``prefetch`` K steps of weights and group scales in flight per thread,
+  in round-robin register buffers (no register moves, so each load hides behind
+  ``prefetch`` steps of math); ``x`` comes in ``prefetch`` steps at a time.
 
-Shapes: ``k`` a multiple of ``bk * split``, ``n`` of ``bn``, ``group`` a multiple of
-``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
+Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``n`` of ``bn``, ``group`` a
+multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
 """
 
 from __future__ import annotations
@@ -114,7 +114,11 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
 
     # the 128-byte swizzle keeps ldmatrix conflict-free; rows under 128 bytes stay plain
     swizzled = bk * adtype.nbits // 8 >= 128
-    sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
+    # x for `prefetch` K steps at a time; the 128-byte swizzle keeps ldmatrix
+    # conflict-free (rows under 128 bytes stay plain)
+    xk = bk * prefetch
+    swizzled = xk * adtype.nbits // 8 >= 128
+    sx = vm.shared_tensor(adtype, [bm, xk], swizzle_128b(bm, xk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     last = k_tile0 + k_steps - 1
 
@@ -129,24 +133,26 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
             data.append(vm.load_global(gz, g, [1, bn], group_layout))
         return data
 
-    # `prefetch` K steps of weights and scales in flight per thread: a register FIFO
-    fifo = [step_data(k_tile0 + i) for i in range(prefetch)]
-    for kk in vm.range(k_steps, stages=stages):
-        kt = k_tile0 + kk
-        vm.copy_async(sx, gx, [row0, kt * bk])
+    # `prefetch` K steps of weights and scales in flight per thread, in round-robin
+    # register buffers: buffer j is used by step j of each group of `prefetch` steps and
+    # then reloaded for the same step of the next group, so a load has `prefetch` steps
+    # of math to hide behind and no register is ever moved
+    bufs = [step_data(k_tile0 + j) for j in range(prefetch)]
+    for it in vm.range(k_steps // prefetch, stages=stages):
+        kt0 = k_tile0 + it * prefetch
+        vm.copy_async(sx, gx, [row0, kt0 * bk])
         vm.commit_group()
-        nxt = step_data(kt + prefetch)
-        packed, scale, *zero = fifo[0]
-        wk = vm.cast(vm.view(packed, wtype, lw.values), adtype)
-        if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
-            wk = wk - zero[0]
-        wk = wk * scale
         vm.wait_group(0)
         vm.sync()
-        xa = vm.load_shared(sx, lay.a)
-        vm.dot(xa, wk, acc, out=acc)
-        for older, newer in zip(fifo, [*fifo[1:], nxt]):
-            for dst, src in zip(older, newer):
+        for j in range(prefetch):
+            packed, scale, *zero = bufs[j]
+            wk = vm.cast(vm.view(packed, wtype, lw.values), adtype)
+            if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
+                wk = wk - zero[0]
+            wk = wk * scale
+            xa = vm.load_shared(sx, lay.a, [0, j * bk], [bm, bk])
+            vm.dot(xa, wk, acc, out=acc)
+            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()
     if split == 1:
