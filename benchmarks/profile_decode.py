@@ -1,0 +1,33 @@
+"""One decode-shaped quant_gemm launch to profile with ncu (see benchmarks/NOTES.md).
+
+Usage on the device: ncu --set full -k regex:quant_gemm -c 1 python benchmarks/profile_decode.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import torch
+
+from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear, quantize_to_codes
+from lowvm.kernels.quant_gemm import GemmSchedule
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--k", type=int, default=4096)
+ap.add_argument("--n", type=int, default=28672)
+ap.add_argument("--m", type=int, default=1)
+ap.add_argument("--prefetch", type=int, default=0)
+args = ap.parse_args()
+rng = np.random.default_rng(0)
+codes, scales = quantize_to_codes(rng.standard_normal((args.n, args.k), dtype=np.float32),
+                                  "int4", 128)
+qw = prepare_weight(codes, scales, "int4", 128)
+x = torch.randn(args.m, args.k, device="cuda", dtype=torch.float16)
+s = choose_schedule(args.m, args.n, args.k, qw.bk)
+if args.prefetch:
+    s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split, s.stages, args.prefetch)
+for _ in range(3):
+    quant_linear(x, qw, s)
+torch.cuda.synchronize()
+print("schedule", s)
