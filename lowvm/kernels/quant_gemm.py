@@ -25,6 +25,7 @@ multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +38,8 @@ from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, swizzle_128b
 
 __all__ = ["quant_gemm", "quant_gemm_bf16", "finish_split", "finish_split_bf16",
-           "GemmSchedule", "weight_layouts", "repack_index", "repack_weights",
-           "unpack_repacked"]
+           "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
+           "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks"]
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,19 @@ class WeightLayouts:
     mma: BlockMmaLayouts
     bytes_per_thread: int
     rows: int  # threads with distinct bytes (warps along N x 32)
-    packed: RegisterLayout  # uint8 [rows, bytes_per_thread]
+    chunk: int  # bytes per load instruction (16, 8 or 4)
+    packed: RegisterLayout  # uint8 [vectors * rows, chunk]: vector v of thread t at row v*rows+t
     values: RegisterLayout  # wtype [bk, bn] = mma.b
+
+    @property
+    def vectors(self) -> int:
+        """Load instructions per thread per tile."""
+        return self.bytes_per_thread // self.chunk
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of ``chunk`` bytes one tile occupies in the repacked weight."""
+        return self.vectors * self.rows
 
 
 def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_n: int,
@@ -85,9 +97,27 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
         raise ProgramError(
             f"quant_gemm: a thread's {lay.b.local_size} {wtype.name} values are {bits} bits, "
             "not whole bytes; use a larger bk or bn")
-    rows = warps_n * 32
-    packed = reduce(spatial(warps_m, rows, 1), [0]) * local(1, bits // 8)
-    return WeightLayouts(lay, bits // 8, rows, packed, lay.b)
+    rows, nbytes = warps_n * 32, bits // 8
+    chunk = next(c for c in (16, 8, 4, 2, 1) if nbytes % c == 0)
+    # a thread's bytes are `vectors` chunks; chunk v of all threads is contiguous, so each
+    # load instruction of a warp reads 32 consecutive chunks (fully used sectors)
+    packed = local(nbytes // chunk, 1) * (reduce(spatial(warps_m, rows, 1), [0])
+                                          * local(1, chunk))
+    return WeightLayouts(lay, nbytes, rows, chunk, packed, lay.b)
+
+
+def interleave_chunks(per_thread: Any, lw: WeightLayouts) -> Any:
+    """Bytes ``[tiles * rows, bytes_per_thread]`` (each thread's registers in order) ->
+    the stored order ``[tiles * vectors * rows, chunk]`` (numpy or torch)."""
+    v = lw.vectors
+    return per_thread.reshape(-1, lw.rows, v, lw.chunk).swapaxes(1, 2).reshape(-1, lw.chunk)
+
+
+def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
+    """The inverse of :func:`interleave_chunks`."""
+    v = lw.vectors
+    return stored.reshape(-1, v, lw.rows, lw.chunk).swapaxes(1, 2).reshape(
+        -1, lw.bytes_per_thread)
 
 
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
@@ -106,8 +136,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     k_tile0 = vm.block_index(1) * k_steps
 
     gx = vm.global_view(x, [m, k])
-    # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * lw.rows, +lw.rows)
-    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.rows, lw.bytes_per_thread])
+    # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * tile_rows, +tile_rows)
+    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
     gs = vm.global_view(scales, [k // group, n])
     gz = vm.global_view(zeros, [k // group, n])
     group_layout = reduce(lay.b, [0], keepdims=True)
@@ -125,9 +155,9 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     def step_data(kt):
         """Packed weights, scales (and zeros) of K step kt, clamped to this block's range."""
         kt = minimum(kt, last)
-        row = (kt * n_tiles + vm.block_index(0)) * lw.rows
+        row = (kt * n_tiles + vm.block_index(0)) * lw.tile_rows
         g = [kt * bk // group, col0]
-        data = [vm.load_global(gw, [row, 0], [lw.rows, lw.bytes_per_thread], lw.packed),
+        data = [vm.load_global(gw, [row, 0], [lw.tile_rows, lw.chunk], lw.packed),
                 vm.load_global(gs, g, [1, bn], group_layout)]
         if zero_point:
             data.append(vm.load_global(gz, g, [1, bn], group_layout))
@@ -227,11 +257,16 @@ def repack_index(wtype: DType | str, n: int, schedule: GemmSchedule
     N tile, each thread with distinct data (T of them) and each of its L values in
     register order. One K tile at a time keeps the index arrays small.
     """
-    s = schedule
-    lw = weight_layouts(as_dtype(wtype), s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
+    lw = schedule_layouts(wtype, schedule)
     table = np.asarray(lw.values.table[: lw.rows])  # [T, L, (k, n)]
-    rows = np.arange(n // s.bn)[:, None, None] * s.bn + table[None, :, :, 1]
+    rows = np.arange(n // schedule.bn)[:, None, None] * schedule.bn + table[None, :, :, 1]
     return rows, table[:, :, 0]
+
+
+def schedule_layouts(wtype: DType | str, schedule: GemmSchedule) -> WeightLayouts:
+    """:func:`weight_layouts` of a schedule."""
+    s = schedule
+    return weight_layouts(as_dtype(wtype), s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
 
 
 def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
@@ -241,8 +276,9 @@ def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
     n, k = codes.shape
     rows, cols = repack_index(wt, n, schedule)
     stream = np.stack([codes[rows, kt * schedule.bk + cols] for kt in range(k // schedule.bk)])
-    bytes_per_thread = cols.shape[1] * wt.nbits // 8
-    return pack(stream.reshape(-1), wt).reshape(-1, bytes_per_thread)
+    lw = schedule_layouts(wt, schedule)
+    per_thread = pack(stream.reshape(-1), wt).reshape(-1, lw.bytes_per_thread)
+    return interleave_chunks(per_thread, lw)
 
 
 def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
@@ -251,7 +287,8 @@ def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
     wt = as_dtype(wtype)
     rows, cols = repack_index(wt, n, schedule)
     tiles = k // schedule.bk
-    values = unpack(packed.reshape(-1), wt, tiles * rows.size).reshape(tiles, *rows.shape)
+    per_thread = deinterleave_chunks(packed, schedule_layouts(wt, schedule))
+    values = unpack(per_thread.reshape(-1), wt, tiles * rows.size).reshape(tiles, *rows.shape)
     codes = np.zeros((n, k), dtype=values.dtype)
     for kt in range(tiles):
         codes[rows, kt * schedule.bk + cols] = values[kt]

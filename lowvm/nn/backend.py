@@ -71,18 +71,24 @@ def reference_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tens
 
 def repack_for_kernel(layer: PackedLinear) -> torch.Tensor:
     """The layer's codes repacked for ``quant_gemm`` (torch, on the weight's device)."""
-    from lowvm.kernels.quant_gemm import GemmSchedule, repack_index
+    from lowvm.kernels.quant_gemm import (
+        GemmSchedule,
+        interleave_chunks,
+        repack_index,
+        schedule_layouts,
+    )
 
     k, n, nbits = layer.in_features, layer.out_features, layer.wtype.nbits
     bk = weight_bk(layer.group_size, k)
     codes = unpack_rows(layer.qweight, nbits, k)  # [N, K] uint8
-    rows, cols = repack_index(layer.wtype, n, GemmSchedule(bk=bk))
+    schedule = GemmSchedule(bk=bk)
+    rows, cols = repack_index(layer.wtype, n, schedule)
     rows_t = torch.tensor(rows, device=codes.device)
     cols_t = torch.tensor(cols, device=codes.device)
     values = cols.shape[1]
     tiles = [pack_rows(codes[rows_t, kt * bk + cols_t].reshape(-1, values), nbits)
              for kt in range(k // bk)]
-    return torch.cat(tiles)
+    return interleave_chunks(torch.cat(tiles), schedule_layouts(layer.wtype, schedule))
 
 
 def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear,
