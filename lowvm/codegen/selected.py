@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 
 from lowvm.codegen.context import CudaContext
+from lowvm.expr import is_const
 from lowvm.instructions.dot import Dot
 from lowvm.instructions.memory import (
     CopyAsync,
@@ -33,15 +34,29 @@ _VECTOR_ZEROS = {2: "(unsigned short)0", 4: "0u", 8: "make_uint2(0, 0)",
                  16: "make_uint4(0, 0, 0, 0)"}
 
 
-def _shared_index(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str]) -> list[str]:
-    """Full-rank shared index: leading dims by offset only, the tile's dims offset + rel."""
+def _shared_offset(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str]) -> str:
+    """Element offset of tile index ``rel`` at ``offsets`` (leading dims by offset).
+
+    Only for accesses the passes proved swizzle-commuting: compile-time offsets and
+    ``rel`` go through the swizzle, runtime offsets (a pipeline stage, say) are added
+    after it, so the thread-dependent part stays loop-invariant.
+    """
     lead = tensor.rank - len(rel)
-    return ([cg.expr(o) for o in offsets[:lead]]
-            + [f"({cg.expr(o)} + {r})" for o, r in zip(offsets[lead:], rel)])
+    index, outer = [], []
+    for d, off in enumerate(offsets):
+        r = rel[d - lead] if d >= lead else None
+        if is_const(off):
+            index.append(cg.expr(off) if r is None else f"({cg.expr(off)} + {r})")
+        else:
+            outer.append(f"({cg.expr(off)}) * {tensor.layout.strides[d]}")
+            index.append("0" if r is None else f"({r})")
+    offset = cg.shared_offset(tensor, index)
+    return f"{offset} + {' + '.join(outer)}" if outer else offset
 
 
-def _shared_address(cg: CudaContext, tensor: SharedTensor, index: list[str]) -> str:
-    ref = cg.shared_ref(tensor, cg.shared_offset(tensor, index))
+def _shared_address(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str]) -> str:
+    """Shared-space address (for ``ldmatrix``/``cp.async``) of :func:`_shared_offset`."""
+    ref = cg.shared_ref(tensor, _shared_offset(cg, tensor, offsets, rel))
     return f"(lowvm_u32)__cvta_generic_to_shared(&{ref})"
 
 
@@ -72,8 +87,7 @@ def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
         with cg.block(f"for (int l = 0; l < {lay.local_size}; l += {width})"):
             rel = [cg.index(lay, d) for d in range(lay.rank)]
             if isinstance(memory, SharedTensor):
-                index = _shared_index(cg, memory, inst.offsets, rel)
-                ref = cg.shared_ref(memory, cg.shared_offset(memory, index))
+                ref = cg.shared_ref(memory, _shared_offset(cg, memory, inst.offsets, rel))
                 mem = f"*reinterpret_cast<{vt}*>(&{ref})"
                 cg.line(f"{reg} = {mem};" if is_load else f"{mem} = {reg};")
                 return
@@ -102,25 +116,39 @@ def _emit_cp_async(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> None:
     cache = "cg" if access.nbytes == 16 else "ca"
     dst_offsets = inst.dst_start
 
+    last = shape[-1]
+    step = threads * access.width  # elements between a thread's chunks
+    regular = step % last == 0  # each thread keeps its column; rows advance by a constant
+
     def body() -> None:
-        cg.line("#pragma unroll")
-        with cg.block(f"for (int it = 0; it < {iters}; ++it)"):
-            cg.line(f"const int chunk = tid + it * {threads};")
-            if iters * threads > chunks:
-                cg.line(f"if (chunk >= {chunks}) break;")
-            rest, rel = f"chunk * {access.width}", []
-            for d in reversed(range(len(shape))):
-                cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
-                rel.insert(0, f"j{d}")
-                rest = f"({rest}) / {shape[d]}"
-            ref, inside = global_ref(cg, inst.src, inst.offsets, rel)
-            saddr = _shared_address(cg, inst.dst, _shared_index(cg, inst.dst, dst_offsets, rel))
-            cg.line(f"const bool inside = {inside};")
-            cg.line(f"const void* src = inside ? (const void*)&{ref} : "
-                    f"(const void*){inst.src.pointer.name};")
-            cg.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], '
-                    f'{access.nbytes}, %2;\\n" :: "r"({saddr}), "l"(src), '
-                    f'"r"(inside ? {access.nbytes} : 0) : "memory");')
+        if regular:
+            cg.line(f"const int cp_col = (tid * {access.width}) % {last};")
+            cg.line(f"const int cp_row = (tid * {access.width}) / {last};")
+        for it in range(iters):
+            with cg.block(""):
+                if regular:
+                    row = f"cp_row + {it * step // last}"
+                    if (it + 1) * threads > chunks:
+                        cg.line(f"if ({row} >= {total // last}) break;")
+                    rel, rest = ["cp_col"], row
+                else:
+                    cg.line(f"const int chunk = tid + {it * threads};")
+                    if (it + 1) * threads > chunks:
+                        cg.line(f"if (chunk >= {chunks}) break;")
+                    cg.line(f"const int col = (chunk * {access.width}) % {last};")
+                    rel, rest = ["col"], f"(chunk * {access.width}) / {last}"
+                for d in reversed(range(len(shape) - 1)):
+                    cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
+                    rel.insert(0, f"j{d}")
+                    rest = f"({rest}) / {shape[d]}"
+                ref, inside = global_ref(cg, inst.src, inst.offsets, rel)
+                saddr = _shared_address(cg, inst.dst, dst_offsets, rel)
+                cg.line(f"const bool inside = {inside};")
+                cg.line(f"const void* src = inside ? (const void*)&{ref} : "
+                        f"(const void*){inst.src.pointer.name};")
+                cg.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], '
+                        f'{access.nbytes}, %2;\\n" :: "r"({saddr}), "l"(src), '
+                        f'"r"(inside ? {access.nbytes} : 0) : "memory");')
 
     cg.line(f"// {inst}")
     _guarded(cg, inst, access, body)
@@ -144,7 +172,7 @@ def _emit_ldmatrix(inst: LoadShared, plan: LdmatrixPlan, cg: CudaContext) -> Non
             thread = "((tid & ~31) + 4 * (tid & 7))"
             local = f"(2 * ({first} + {matrix}))"
         rel = [cg.index(lay, d, local, thread) for d in range(lay.rank)]
-        addr = _shared_address(cg, tensor, _shared_index(cg, tensor, inst.offsets, rel))
+        addr = _shared_address(cg, tensor, inst.offsets, rel)
         regs = ", ".join(f"%{i}" for i in range(count))
         outs = ", ".join(f'"=r"({words}[{first + i}])' for i in range(count))
         cg.line(f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{suffix}.shared.b16 '
