@@ -46,6 +46,8 @@ def main() -> None:
     ap.add_argument("--types", default="int4")
     ap.add_argument("--shapes", default="all")
     ap.add_argument("--splits", action="store_true", help="also time every split for M<=16")
+    ap.add_argument("--stages", default="", help="x pipeline stages to sweep ('1,2'; "
+                    "default: the schedule's)")
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
     args = ap.parse_args()
@@ -73,16 +75,18 @@ def main() -> None:
                     splits = sorted({1, 2, 4, 8, base.split})
                 ref = (x.float() @ deq.T)
                 depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
-                for sp, depth in [(sp, d) for sp in splits for d in depths]:
+                stages = [int(v) for v in args.stages.split(",") if v] or [base.stages]
+                for sp, depth, st in [(sp, d, st) for sp in splits for d in depths
+                                      for st in stages]:
                     s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
-                                     base.stages, depth)
+                                     st, depth)
                     if (k // s.bk) % (sp * depth):
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())
                     us = timed(lambda s=s, x=x, qw=qw: quant_linear(x, qw, s), flush)
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
-                                     prefetch=depth, bm=s.bm, us=us, rel_err=err,
+                                     prefetch=depth, stages=st, bm=s.bm, us=us, rel_err=err,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                                      floor_us=wbytes / 3.04e6))
                     print(json.dumps(rows[-1]), flush=True)

@@ -138,7 +138,9 @@ def _emit_cp_async(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> None:
                     cg.line(f"const int col = (chunk * {access.width}) % {last};")
                     rel, rest = ["col"], f"(chunk * {access.width}) / {last}"
                 for d in reversed(range(len(shape) - 1)):
-                    cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
+                    # the row is in range (checked above), so the outermost dim needs no %
+                    cg.line(f"const int j{d} = {rest};" if d == 0 else
+                            f"const int j{d} = ({rest}) % {shape[d]};")
                     rel.insert(0, f"j{d}")
                     rest = f"({rest}) / {shape[d]}"
                 ref, inside = global_ref(cg, inst.src, inst.offsets, rel)
