@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from lowvm.codegen import CudaSource, generate_cuda
-from lowvm.expr import evaluate
+from lowvm.expr import compile_exprs
 from lowvm.ir import PointerType, Program, ProgramError
 
 __all__ = ["CompiledProgram", "compile", "current_arch"]
@@ -43,6 +43,9 @@ class CompiledProgram:
         self.kernel = Kernel(cubin, cuda.kernel_name, cuda.num_threads, cuda.shared_bytes, specs)
         self._scalars = [(i, p.name) for i, p in enumerate(program.params)
                          if not isinstance(p.type, PointerType)]
+        grid = tuple(program.grid) + (1,) * (3 - len(program.grid))
+        self._grid = compile_exprs(grid, tuple(name for _, name in self._scalars))
+        self._scalar_index = tuple(i for i, _ in self._scalars)
 
     @property
     def source(self) -> str:
@@ -51,9 +54,7 @@ class CompiledProgram:
 
     def grid(self, args: tuple[Any, ...]) -> tuple[int, int, int]:
         """The launch grid for these runtime arguments."""
-        env = {name: args[i] for i, name in self._scalars}
-        dims = [int(evaluate(g, env)) for g in self.program.grid]
-        return tuple(dims + [1] * (3 - len(dims)))  # type: ignore[return-value]
+        return self._grid(*[args[i] for i in self._scalar_index])
 
     def __call__(self, *args: Any, stream: Any = None) -> None:
         """Launch on torch's current stream (or ``stream``) with these arguments."""

@@ -15,6 +15,8 @@ current stream and read torch tensors directly.
 
 from __future__ import annotations
 
+import ctypes
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,6 +98,7 @@ class Kernel:
         self._nparams = len(self._params)
         self._converters = tuple(make_converter(name, p) for p in self._params)
         self._types = tuple(ctypes_type_for(p) for p in self._params)
+        self._blocks = threading.local()  # per-thread prebuilt kernel-parameter blocks
         self._modules: dict[int, Any] = {}  # device index -> CUmodule
         self._functions: dict[int, Any] = {}  # device index -> CUfunction
 
@@ -279,7 +282,7 @@ class Kernel:
             handle = _host_fns[1](device)
         else:
             handle = _drv.stream_handle(stream)
-        params = (values, self._types)
+        params = self._param_block(values)
         (err,) = cu.cuLaunchKernel(
             fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
         )
@@ -297,6 +300,25 @@ class Kernel:
                 )
 
     __call__ = launch
+
+    def _param_block(self, values: tuple[Any, ...]) -> int:
+        """The address of a ``void**`` holding ``values``, in this thread's own block.
+
+        Letting cuda-python pack a (values, types) tuple allocates and converts on every
+        launch; a block built once per thread only has its slots overwritten. The driver
+        copies the parameters during ``cuLaunchKernel``, so reuse (and graph capture) is
+        safe; one block per thread keeps concurrent launches apart.
+        """
+        block = getattr(self._blocks, "block", None)
+        if block is None:
+            slots = [t() if t is not ctypes.c_void_p else ctypes.c_uint64() for t in self._types]
+            pointers = (ctypes.c_void_p * max(1, len(slots)))(
+                *[ctypes.addressof(slot) for slot in slots])
+            block = self._blocks.block = (slots, pointers, ctypes.addressof(pointers))
+        slots = block[0]
+        for slot, value in zip(slots, values):
+            slot.value = value
+        return block[2]
 
     def unload(self) -> None:
         """Unload the module from every device it was loaded on (the next launch reloads)."""
