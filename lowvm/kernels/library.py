@@ -132,7 +132,7 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
            and steps // (2 * split) >= 4):
         split *= 2
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=2 if m <= 16 else 3,
+                        split=split, stages=None if m <= 16 else 3,
                         prefetch=_largest_dividing(4 if m <= 16 else 1, steps // split))
 
 
@@ -156,6 +156,33 @@ def _compiled(program, **constants):
     return _COMPILED[key]
 
 
+_PLANS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+          schedule: GemmSchedule | None) -> tuple[Any, Any]:
+    """(compiled GEMM, compiled split-K epilogue or None) for one call shape, cached so a
+    repeated call (every decode step) costs one dict lookup."""
+    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
+           schedule)
+    plan = _PLANS.get(key)
+    if plan is None:
+        n, k = weight.n, weight.k
+        s = schedule or choose_schedule(m, n, k, weight.bk)
+        if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
+            raise LowvmError(f"schedule {s} does not match the weight's format "
+                             f"(bk={weight.bk}, bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
+        if (k // s.bk) % (s.split * s.prefetch):
+            raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple "
+                             f"of split x prefetch = {s.split * s.prefetch}")
+        gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
+                         group=weight.group, zero_point=zero_point, **s.constants())
+        finish = (None if s.split == 1 else
+                  _compiled(finish_split_bf16 if bf16 else finish_split))
+        plan = _PLANS[key] = (gemm, finish)
+    return plan
+
+
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
     """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
     import torch
@@ -170,25 +197,17 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
         raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
     x = x.contiguous()
     m, n, k = x.shape[0], weight.n, weight.k
-    s = schedule or choose_schedule(m, n, k, weight.bk)
-    if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
-        raise LowvmError(f"schedule {s} does not match the weight's format (bk={weight.bk}, "
-                         f"bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
-    if (k // s.bk) % (s.split * s.prefetch):
-        raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple of "
-                         f"split x prefetch = {s.split * s.prefetch}")
     bf16 = x.dtype == torch.bfloat16
     scales, zeros = weight.for_dtype(x.dtype)
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
-                     group=weight.group, zero_point=zeros is not None, **s.constants())
+    gemm, finish = _plan(m, weight, bf16, zeros is not None, schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
-    if s.split == 1:
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if finish is None:
         gemm(m, n, k, x, weight.packed, scales, zeros, y, _dummy(x.device))
         return y
     ws = torch.zeros((m, n), dtype=torch.float32, device=x.device)
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws)
-    _compiled(finish_split_bf16 if bf16 else finish_split)(m * n, ws, y)
+    finish(m * n, ws, y)
     return y
 
 
