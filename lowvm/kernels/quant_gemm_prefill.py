@@ -56,8 +56,9 @@ FORMAT_BN = 64
 FORMAT_WARPS_N = 4
 _FORMAT_THREADS = FORMAT_WARPS_N * 32
 
-#: the default schedule: 128 x 128 block tile, 2 x 2 warps of 64 x 64 (see module doc)
-PREFILL_SCHEDULE = GemmSchedule(bm=128, bn=128, bk=128, warps_m=2, warps_n=2, split=1,
+#: the default schedule: 128 x 128 block tile, 4 x 2 warps of 32 x 64 (256 threads, one per
+#: format thread of the two weight tiles, so every 1..8-bit type splits evenly)
+PREFILL_SCHEDULE = GemmSchedule(bm=128, bn=128, bk=128, warps_m=4, warps_n=2, split=1,
                                 stages=3, prefetch=1)
 
 
@@ -237,7 +238,7 @@ def quant_gemm_prefill(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float
                        zeros: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
                        ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
                        group: int = 128, zero_point: bool = False, bm: int = 128,
-                       bn: int = 128, bk: int = 128, warps_m: int = 2, warps_n: int = 2,
+                       bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
                        split: int = 1, stages: int | None = 3, prefetch: int = 1):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1),
     on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
@@ -251,7 +252,7 @@ def quant_gemm_prefill_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.
                             zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
                             ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
                             group: int = 128, zero_point: bool = False, bm: int = 128,
-                            bn: int = 128, bk: int = 128, warps_m: int = 2, warps_n: int = 2,
+                            bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
                             split: int = 1, stages: int | None = 3, prefetch: int = 1):
     """:func:`quant_gemm_prefill` with bfloat16 activations, scales, zeros and output."""
     _prefill_body(m, n, k, x, w, scales, zeros, y, ws, vm.bfloat16, wtype, group, zero_point,
