@@ -236,3 +236,41 @@ def test_gpu_schedules_match_float64(sched):
 @pytest.mark.gpu
 def test_gpu_zero_points_large_shape():
     _gpu_check("uint4", 1000, None, zero_point=True, n=1024, k=2048)
+
+
+# ---------------------------------------------------------------------------------------
+# library entry points (CPU-checkable parts)
+
+
+@pytest.mark.parametrize("wtype", ["int4", "int3", "uint4", "float6_e3m2", "int8", "int1"])
+@pytest.mark.parametrize("n", [28672, 6144, 192])
+def test_chosen_prefill_schedules_fit(wtype, n):
+    from lowvm.kernels.library import choose_prefill_schedule
+    from lowvm.kernels.quant_gemm_prefill import threads_fit
+
+    s = choose_prefill_schedule(4096, n, 4096, 128, wtype)
+    assert n % s.bn == 0 and s.bn % FORMAT_BN == 0 and s.bk == 128
+    assert threads_fit(lowvm.dtype(wtype), s)
+    assert (4096 // s.bk) % (s.split * s.prefetch) == 0
+
+
+def test_prefill_kernel_switch_names_a_kernel():
+    from lowvm.kernels import library
+
+    assert library.PREFILL_KERNEL in ("quant_gemm", "quant_gemm_prefill")
+
+
+def test_prefill_quant_linear_rejects_bad_inputs():
+    torch = pytest.importorskip("torch")
+    from lowvm.errors import LowvmError
+    from lowvm.kernels.library import prefill_quant_linear, prepare_weight
+
+    codes, scales = quantize_to_codes(np.zeros((64, 256), np.float32) + 1, "int4", 128)
+    qw = prepare_weight(codes, scales, "int4", 128, device="cpu")
+    with pytest.raises(LowvmError, match="x must be"):
+        prefill_quant_linear(torch.zeros(4, 256), qw)
+    with pytest.raises(LowvmError, match="columns"):
+        prefill_quant_linear(torch.zeros(4, 128, dtype=torch.float16), qw)
+    bad = GemmSchedule(bm=128, bn=128, bk=128, warps_m=4, warps_n=2)
+    with pytest.raises(LowvmError, match="does not fit"):
+        prefill_quant_linear(torch.zeros(4, 256, dtype=torch.float16), qw, bad)

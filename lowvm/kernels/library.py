@@ -28,12 +28,16 @@ from lowvm.kernels.quant_gemm import (
 )
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
-           "NUM_SMS_DEFAULT"]
+           "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
+           "choose_prefill_schedule"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
 WEIGHT_WARPS_N = 4
 NUM_SMS_DEFAULT = 132
+#: which kernel ``quant_linear`` runs for M > 64 without an explicit schedule:
+#: "quant_gemm" (the default until measured) or "quant_gemm_prefill"
+PREFILL_KERNEL = "quant_gemm"
 
 
 def weight_bk(group: int, k: int) -> int:
@@ -197,9 +201,90 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
         raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
     x = x.contiguous()
     m, n, k = x.shape[0], weight.n, weight.k
+    if schedule is None and m > 64 and PREFILL_KERNEL == "quant_gemm_prefill":
+        return prefill_quant_linear(x, weight)
     bf16 = x.dtype == torch.bfloat16
     scales, zeros = weight.for_dtype(x.dtype)
     gemm, finish = _plan(m, weight, bf16, zeros is not None, schedule)
+    zeros = scales if zeros is None else zeros  # not read without zero_point
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if finish is None:
+        gemm(m, n, k, x, weight.packed, scales, zeros, y, _dummy(x.device))
+        return y
+    ws = torch.zeros((m, n), dtype=torch.float32, device=x.device)
+    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws)
+    finish(m * n, ws, y)
+    return y
+
+
+def choose_prefill_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
+                            ) -> GemmSchedule:
+    """A :func:`quant_gemm_prefill` schedule: 128 x 128 tiles on 4 x 2 warps, or 128 x 64
+    on 2 x 2 warps when N is not a multiple of 128 (both split every type's bytes)."""
+    from lowvm.kernels.quant_gemm_prefill import PREFILL_SCHEDULE, threads_fit
+
+    s = PREFILL_SCHEDULE
+    if n % s.bn or not threads_fit(as_dtype(wtype), s):
+        s = GemmSchedule(bm=128, bn=WEIGHT_BN, bk=bk, warps_m=2, warps_n=2, split=1,
+                         stages=s.stages, prefetch=1)
+    return GemmSchedule(s.bm, s.bn, bk, s.warps_m, s.warps_n, s.split, s.stages, s.prefetch)
+
+
+_PREFILL_PLANS: dict[tuple, tuple[Any, Any]] = {}
+
+
+def _prefill_plan(weight: QuantWeight, m: int, bf16: bool, zero_point: bool,
+                  schedule: GemmSchedule | None) -> tuple[Any, Any]:
+    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
+           schedule)
+    plan = _PREFILL_PLANS.get(key)
+    if plan is None:
+        from lowvm.kernels.quant_gemm_prefill import (
+            quant_gemm_prefill,
+            quant_gemm_prefill_bf16,
+            threads_fit,
+        )
+
+        n, k = weight.n, weight.k
+        s = schedule or choose_prefill_schedule(m, n, k, weight.bk, weight.wtype)
+        if s.bk != weight.bk or s.bn % WEIGHT_BN or n % s.bn:
+            raise LowvmError(f"prefill schedule {s} does not fit the weight (bk={weight.bk}, "
+                             f"N = {n}; bn must be a multiple of {WEIGHT_BN} dividing N)")
+        if (k // s.bk) % (s.split * s.prefetch):
+            raise LowvmError(f"prefill schedule {s}: K / bk = {k // s.bk} steps must be a "
+                             f"multiple of split x prefetch = {s.split * s.prefetch}")
+        if not threads_fit(weight.wtype, s):
+            raise LowvmError(f"prefill schedule {s}: its {s.warps_m * s.warps_n * 32} threads "
+                             f"cannot split the {weight.wtype.name} weight tile evenly; use "
+                             f"one thread per 64 x 4 weight columns ({s.bn // WEIGHT_BN * 128})")
+        gemm = _compiled(quant_gemm_prefill_bf16 if bf16 else quant_gemm_prefill,
+                         wtype=weight.wtype, group=weight.group, zero_point=zero_point,
+                         **s.constants())
+        finish = (None if s.split == 1 else
+                  _compiled(finish_split_bf16 if bf16 else finish_split))
+        plan = _PREFILL_PLANS[key] = (gemm, finish)
+    return plan
+
+
+def prefill_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
+                         ) -> Any:
+    """:func:`quant_linear` through :func:`~lowvm.kernels.quant_gemm_prefill.quant_gemm_prefill`
+    (each weight tile dequantised once per block; meant for M > 64), same weights."""
+    import torch
+
+    if (not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16)
+            or x.dim() != 2):
+        raise LowvmError(f"x must be a 2-D float16 or bfloat16 torch tensor, got "
+                         f"{getattr(x, 'dtype', x)!r} of shape {list(getattr(x, 'shape', []))}")
+    if x.shape[1] != weight.k:
+        raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
+    if x.device != weight.packed.device:
+        raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
+    x = x.contiguous()
+    m, n, k = x.shape[0], weight.n, weight.k
+    scales, zeros = weight.for_dtype(x.dtype)
+    gemm, finish = _prefill_plan(weight, m, x.dtype == torch.bfloat16, zeros is not None,
+                                 schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if finish is None:
