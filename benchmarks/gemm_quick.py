@@ -4,6 +4,8 @@ Method as DESIGN.md: CUDA events, warm-up, 512 MB L2 flush before each timed run
 median of 30; cuBLAS fp16 in the same process. Every lowvm result is first checked
 against a float32 product of the dequantised weight (relative error printed).
 Usage: python benchmarks/gemm_quick.py --out results.json
+(``--prefill-kernel quant_gemm_prefill`` also times quant_gemm_prefill for M > 64, beside
+quant_gemm; ``--prefill-schedules`` lists its schedules as bm:bn:warps_m:warps_n:stages.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import torch
 
 from lowvm.dtypes import decode
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear, quantize_to_codes
+from lowvm.kernels.library import (
+    choose_prefill_schedule,
+    choose_schedule,
+    prefill_quant_linear,
+    prepare_weight,
+    quant_linear,
+    quantize_to_codes,
+)
 from lowvm.kernels.quant_gemm import GemmSchedule
 
 SHAPES = [(4096, 28672), (4096, 6144), (14336, 4096), (8192, 10240), (28672, 8192)]
@@ -39,6 +48,29 @@ def timed(fn, flush, runs=30):
     return statistics.median(times)
 
 
+def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
+    """Rows timing quant_gemm_prefill (the chosen schedule, or each of --prefill-schedules)."""
+    m, k, n = x.shape[0], qw.k, qw.n
+    scheds = [choose_prefill_schedule(m, n, k, qw.bk, qw.wtype)]
+    if args.prefill_schedules:
+        scheds = []
+        for spec in args.prefill_schedules.split(","):
+            bm, bn, wm, wn, st = (int(v) for v in spec.split(":"))
+            scheds.append(GemmSchedule(bm, bn, qw.bk, wm, wn, 1, st or None, 1))
+    rows = []
+    for s in scheds:
+        y = prefill_quant_linear(x, qw, s)
+        err = float((y.float() - ref).norm() / ref.norm())
+        us = timed(lambda s=s: prefill_quant_linear(x, qw, s), flush)
+        rows.append(dict(kernel="prefill", dtype=tname, k=k, n=n, m=m, split=s.split,
+                         prefetch=s.prefetch, stages=s.stages, bm=s.bm, bn=s.bn,
+                         warps=f"{s.warps_m}x{s.warps_n}", us=us, rel_err=err,
+                         gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
+                         floor_us=wbytes / 3.04e6))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="gemm_quick.json")
@@ -50,6 +82,11 @@ def main() -> None:
                     "default: the schedule's)")
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
+    ap.add_argument("--prefill-kernel", default="quant_gemm",
+                    choices=["quant_gemm", "quant_gemm_prefill"],
+                    help="quant_gemm_prefill: also time it for M > 64")
+    ap.add_argument("--prefill-schedules", default="", help="quant_gemm_prefill schedules "
+                    "to sweep, bm:bn:warps_m:warps_n:stages,... (default: the chosen one)")
     args = ap.parse_args()
     flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
     rows = []
@@ -97,6 +134,8 @@ def main() -> None:
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                                      floor_us=wbytes / 3.04e6))
                     print(json.dumps(rows[-1]), flush=True)
+                if m > 64 and args.prefill_kernel == "quant_gemm_prefill":
+                    rows += prefill_rows(args, x, qw, ref, flush, wbytes, tname)
                 if tname == args.types.split(",")[0]:
                     us = timed(lambda x=x, wd=wdev: x @ wd.T, flush)
                     rows.append(dict(kernel="cublas_fp16", dtype="float16", k=k, n=n, m=m,
