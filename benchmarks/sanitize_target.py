@@ -1,4 +1,6 @@
-"""One small quantized matmul launch, for compute-sanitizer memcheck/racecheck runs."""
+"""Small quantized-GEMM launches for compute-sanitizer memcheck/racecheck runs: the example
+``quant_matmul`` and the library's ``quant_gemm`` in its decode (split-K, prefetch,
+zero points) and prefill (pipelined x, 4x4 warps) schedules, with a masked M."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import numpy as np
 import torch
 
 import lowvm
+from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear
+from lowvm.kernels.quant_gemm import GemmSchedule
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 
 m, n, k, group = 17, 128, 256, 64
@@ -15,5 +19,18 @@ x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float16)).cuda()
 y = torch.zeros((m, n), dtype=torch.float16, device="cuda")
 kernel = lowvm.compile(quant_matmul, wtype=lowvm.int4, group=group)
 kernel(m, n, k, x, torch.from_numpy(packed).cuda(), torch.from_numpy(scales).cuda(), y)
+
+n, k, group = 128, 1024, 128
+codes = rng.integers(0, 16, size=(n, k)).astype(np.uint8)
+gscales = (rng.random((k // group, n)) / 8 + 0.01).astype(np.float16)
+zeros = rng.integers(0, 16, size=(k // group, n)).astype(np.float16)
+weight = prepare_weight(codes, gscales, "uint4", group, zeros=zeros)
+for rows in (3, 130):
+    xs = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+    base = choose_schedule(rows, n, k, weight.bk)
+    for split, prefetch in ((1, 1), (2, 4 if rows <= 16 else 1)):
+        s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, split,
+                         base.stages, prefetch)
+        out = quant_linear(xs, weight, s)
 torch.cuda.synchronize()
-print("sanitize target ran; y[0, :4] =", y[0, :4].tolist())
+print("sanitize targets ran; y[0, :4] =", y[0, :4].tolist(), "out[0, :2] =", out[0, :2].tolist())
