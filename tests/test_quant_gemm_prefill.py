@@ -137,6 +137,18 @@ def test_zero_points_in_the_interpreter(sched):
     assert _rel(y, ref) < 2e-3
 
 
+def test_group_64_uses_bk_64():
+    rng = np.random.default_rng(6)
+    m, n, k, g = 37, 128, 512, 64
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
+    packed = repack_weights(codes, "int4", GemmSchedule(bk=64))  # prepare_weight's format
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    lowvm.interpret(quant_gemm_prefill.build(wtype=lowvm.int4, group=g, bk=64),
+                    m, n, k, x, packed, scales, scales, y, np.zeros((m, n), np.float32))
+    assert _rel(y, _reference(x, codes, scales, "int4", g)) < 2e-3
+
+
 def test_bfloat16_in_the_interpreter():
     y, ref = _run("uint4", 37, PREFILL_SCHEDULE, zero_point=True, bf16=True)
     assert _rel(y.astype(np.float64), ref) < 2e-2
