@@ -1,77 +1,217 @@
 """Quantize a Llama-architecture model with lowvm, generate, and compare with float16.
 
-Builds the model from ``--model`` (a local path or Hugging Face id) or, without it, a
-randomly initialised Llama of a small built-in config (no download). Quantizes a copy with
-``lowvm.quantize_model``, then reports
+The model is ``--model`` (a local path or Hugging Face id) or, without it, a Llama of random
+weights built from ``--config`` (``tiny``, the CI default, or ``llama3-8b``: hidden 4096,
+MLP 14336, 32 layers, 32 heads, 8 KV heads, vocabulary 128256; nothing is downloaded).
+A random model is initialised **directly on the device in float16** (``torch.device``
+context + ``dtype=float16``): building 8B parameters on the CPU in float32 and casting
+would take minutes and 32 GB of host memory; on the GPU it takes a second.
 
-* generated text (or token ids) for a fixed prompt,
-* tokens/s at each ``--batch-sizes`` for float16 and lowvm (greedy, exactly
-  ``--new-tokens`` tokens), eager and, on a GPU, with transformers' static cache (which
-  transformers compiles with torch.compile and replays as CUDA graphs),
-* weight memory of both models, and
-* quality on fixed prompts: relative error of the last position's logits and top-1
-  agreement over all positions vs float16.
+For each type of ``--dtype`` (a comma list, e.g. ``int4,int3,int2``) a quantized copy is
+made that *shares* the float16 model's embedding, norms and skipped layers (``lm_head`` by
+default), so only the quantized linears take new memory; it is freed before the next type.
+Reported, per model:
 
-``--json OUT`` writes everything. CPU CI runs it with the tiny default config in seconds.
+* weight memory: ``stored`` (the state dict: packed codes, scales, zeros, dense rest) and
+  ``resident`` (every parameter and buffer, including the kernel's repacked copy);
+* quality vs float16 on fixed prompts: relative error of the last position's logits and
+  top-1 agreement over all positions; the first greedy tokens of a fixed prompt;
+* speed at each ``--batch-sizes``, greedy with exactly ``--new-tokens`` tokens from a
+  ``--prompt-len``-token prompt, in each of ``--modes``:
+  ``eager`` (dynamic cache, no compilation) and ``graphs`` (a transformers ``StaticCache``
+  kept across runs + the forward that ``generate`` compiles with ``torch.compile(mode=
+  "reduce-overhead")``, i.e. CUDA graphs on a GPU). Each (model, batch, mode) runs once
+  untimed (``first_call_s``: compilation and graph capture included), then ``--repeats``
+  times a 1-token and an N-token generation; medians give ``prefill_s``,
+  ``decode_tokens_per_s = batch * (N - 1) / (t_N - t_1)`` (the decode rate the issue
+  targets) and ``e2e_tokens_per_s = batch * N / t_N``. In ``graphs`` mode
+  ``forward_ms`` is one compiled decode forward replayed alone (no generate loop), and the
+  graph-break and CUDA-graph-skip counters of torch are recorded.
+
+``--json OUT`` is rewritten after every measurement (a run cut short keeps what it
+measured); ``--time-budget S`` skips measurements that would start after S seconds; the
+table printed last compares every type with float16. ``--print-table A.json [B.json ...]``
+prints the table of earlier runs (merged) and exits. CPU CI runs it tiny in seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
+import math
+import os
+import statistics
+import sys
 import time
+import traceback
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, CompileConfig, LlamaConfig
 
 import lowvm
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"hidden": 128, "intermediate": 256, "layers": 2, "heads": 4, "kv_heads": 2,
+             "vocab": 512, "max_positions": 1024, "rope_theta": 10000.0},
+    "llama3-8b": {"hidden": 4096, "intermediate": 14336, "layers": 32, "heads": 32,
+                  "kv_heads": 8, "vocab": 128256, "max_positions": 8192,
+                  "rope_theta": 500000.0},
+}
+MODES = ("eager", "graphs")
+SAMPLE_TOKENS = 16  # greedy tokens of the fixed prompt kept per model (eager, cheap)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="local path or HF id (default: random tiny Llama)")
-    p.add_argument("--dtype", default="int4", help="lowvm weight type (int4, uint4, e2m1, ...)")
+    p.add_argument("--model", help="local path or HF id (default: random --config Llama)")
+    p.add_argument("--config", default="tiny", choices=sorted(PRESETS),
+                   help="random model shape (default tiny)")
+    for name, what in (("layers", "decoder layers"), ("hidden", "hidden size"),
+                       ("intermediate", "MLP size"), ("heads", "attention heads"),
+                       ("kv-heads", "key/value heads"), ("vocab", "vocabulary size")):
+        p.add_argument(f"--{name}", type=int, help=f"random config: {what} (overrides --config)")
+    p.add_argument("--dtype", default="int4",
+                   help="lowvm weight types, comma-separated (int4, int3, int2, uint4, e2m1...)")
     p.add_argument("--group-size", type=int, default=128, help="quantization group (-1: row)")
+    p.add_argument("--skip", default="lm_head",
+                   help="comma-separated layer globs kept in float16 ('' quantizes all)")
     p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per sequence")
+    p.add_argument("--eager-new-tokens", type=int,
+                   help="tokens per sequence in eager mode (default --new-tokens)")
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes")
-    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens (random config)")
-    p.add_argument("--layers", type=int, default=2, help="random config: decoder layers")
-    p.add_argument("--hidden", type=int, default=128, help="random config: hidden size")
-    p.add_argument("--intermediate", type=int, default=256, help="random config: MLP size")
-    p.add_argument("--heads", type=int, default=4, help="random config: attention heads")
-    p.add_argument("--kv-heads", type=int, default=2, help="random config: key/value heads")
-    p.add_argument("--vocab", type=int, default=512, help="random config: vocabulary size")
+    p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens")
+    p.add_argument("--modes", default="auto",
+                   help="comma-separated eager,graphs (auto: both on cuda, eager on cpu)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement")
+    p.add_argument("--forward-steps", type=int, default=50,
+                   help="graphs mode: compiled decode forwards timed alone (0: off)")
+    p.add_argument("--no-fp16-speed", action="store_true",
+                   help="do not time the float16 model (its memory is still reported)")
+    p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend of graphs mode (inductor: CUDA graphs)")
+    p.add_argument("--time-budget", type=float,
+                   help="seconds after which no new measurement starts (skipped, recorded)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="cuda, cpu or auto")
     p.add_argument("--json", dest="json_out", help="write the results to this JSON file")
-    return p.parse_args(argv)
+    p.add_argument("--print-table", nargs="+", metavar="JSON",
+                   help="only print the table of earlier --json results (merged) and exit")
+    args = p.parse_args(argv)
+    args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    args.batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    args.skip_globs = tuple(s.strip() for s in args.skip.split(",") if s.strip())
+    for name in ("new_tokens", "prompt_len", "repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
+    if args.eager_new_tokens is not None and args.eager_new_tokens < 1:
+        p.error(f"--eager-new-tokens must be at least 1; got {args.eager_new_tokens}")
+    if not args.print_table and (not args.dtypes or not args.batches
+                                 or min(args.batches) < 1):
+        p.error("--dtype and --batch-sizes need at least one entry; batch sizes are >= 1")
+    if args.modes != "auto":
+        args.mode_list = [m.strip() for m in args.modes.split(",") if m.strip()]
+        bad = [m for m in args.mode_list if m not in MODES]
+        if bad or not args.mode_list:
+            p.error(f"--modes takes {', '.join(MODES)} (comma-separated); got {args.modes!r}")
+    return args
+
+
+# ---------------------------------------------------------------------------------------
+# models
+
+
+def random_config(args: argparse.Namespace) -> LlamaConfig:
+    """The ``--config`` preset with any per-field overrides (``--layers 2`` etc.)."""
+    shape = dict(PRESETS[args.config])
+    for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab"):
+        if getattr(args, key) is not None:
+            shape[key] = getattr(args, key)
+    return LlamaConfig(vocab_size=shape["vocab"], hidden_size=shape["hidden"],
+                       intermediate_size=shape["intermediate"],
+                       num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                       num_key_value_heads=shape["kv_heads"],
+                       max_position_embeddings=shape["max_positions"], rms_norm_eps=1e-5,
+                       rope_parameters={"rope_type": "default",
+                                        "rope_theta": shape["rope_theta"]},
+                       tie_word_embeddings=False)
+
+
+def init_random(config: LlamaConfig, device: str | torch.device) -> Any:
+    """A float16 model of ``config`` built where it will run (``meta``: nothing allocated).
+
+    Every tensor is created on ``device`` in float16 and initialised there by transformers
+    (normal(0, 0.02) linears and embeddings, unit norms): no float32 copy, no CPU pass.
+    """
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
+    model.requires_grad_(False)
+    return model.eval()
 
 
 def build_model(args: argparse.Namespace, device: str) -> tuple[Any, Any]:
-    """(float16 model, tokenizer or None)."""
+    """(float16 model on ``device``, tokenizer or None)."""
     if args.model:
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float16)
+        model.requires_grad_(False)
         try:
             tokenizer = AutoTokenizer.from_pretrained(args.model)
         except (OSError, ValueError):
             tokenizer = None
-    else:
-        torch.manual_seed(args.seed)
-        config = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
-                             intermediate_size=args.intermediate,
-                             num_hidden_layers=args.layers, num_attention_heads=args.heads,
-                             num_key_value_heads=args.kv_heads, max_position_embeddings=1024)
-        model = LlamaForCausalLM(config).to(torch.float16)
-        tokenizer = None
-    return model.to(device).eval(), tokenizer
+        return model.to(device).eval(), tokenizer
+    torch.manual_seed(args.seed)
+    return init_random(random_config(args), device), None
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+def quantized_copy(dense: Any, dtype: str, group_size: int, skip: tuple[str, ...]
+                   ) -> tuple[Any, Any]:
+    """``(model, report)``: ``dense`` with its linears quantized; ``dense`` is unchanged.
+
+    The copy shares every parameter and buffer of ``dense`` (only the module tree is
+    copied), so the layers left dense and the embedding cost no memory twice; the
+    quantized layers are the only new tensors.
+    """
+    shared = {id(t): t for t in (*dense.parameters(), *dense.buffers())}
+    model = copy.deepcopy(dense, shared)
+    report = lowvm.quantize_model(model, dtype=dtype, group_size=group_size, skip=skip,
+                                  progress=False)
+    return model, report
+
+
+def weight_bytes(model: torch.nn.Module) -> dict[str, int]:
+    """``stored``: state-dict tensors; ``resident``: every parameter and buffer (each once)."""
+    stored: dict[int, int] = {}
+    resident: dict[int, int] = {}
+    for module in model.modules():
+        tensors = [(t, True) for t in module._parameters.values() if t is not None]
+        tensors += [(t, name not in module._non_persistent_buffers_set)
+                    for name, t in module._buffers.items() if t is not None]
+        for t, persistent in tensors:
+            size = t.numel() * t.element_size()
+            resident[id(t)] = size
+            if persistent:
+                stored[id(t)] = size
+    return {"stored": sum(stored.values()), "resident": sum(resident.values())}
+
+
+def release(model: Any) -> None:
+    """Drop the compiled forward transformers keeps on the model and torch's compile state
+    (graphs, CUDA graph pools), so the next model compiles fresh and memory is freed."""
+    for attr in ("_compiled_call", "_last_compile_config"):
+        model.__dict__.pop(attr, None)
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------
+# generation and timing
 
 
 def prompts(batch: int, length: int, vocab: int, device: str, seed: int) -> torch.Tensor:
@@ -79,83 +219,383 @@ def prompts(batch: int, length: int, vocab: int, device: str, seed: int) -> torc
     return torch.randint(0, vocab, (batch, length), generator=gen).to(device)
 
 
-def generate(model: Any, ids: torch.Tensor, new_tokens: int, static: bool) -> torch.Tensor:
-    kwargs: dict[str, Any] = {"cache_implementation": "static"} if static else {}
+def compile_config(args: argparse.Namespace, device: str) -> CompileConfig:
+    """What ``generate`` compiles the decode forward with (static shapes per batch size)."""
+    inductor = args.compile_backend == "inductor"
+    config = CompileConfig(fullgraph=args.fullgraph, dynamic=False,
+                           backend=args.compile_backend,
+                           mode="reduce-overhead" if inductor else None)
+    if device != "cuda":
+        config._compile_all_devices = True  # transformers compiles only on accelerators
+    return config
+
+
+def generate(model: Any, ids: torch.Tensor, tokens: int, cache: Any = None,
+             compile_cfg: CompileConfig | None = None, **extra: Any) -> Any:
+    """Greedy generation of exactly ``tokens`` tokens; with a ``StaticCache`` (reset here)
+    transformers compiles the decode steps with ``compile_cfg``."""
+    kwargs: dict[str, Any] = dict(extra)
+    if cache is not None:
+        cache.reset()
+        kwargs.update(past_key_values=cache, compile_config=compile_cfg)
     with torch.no_grad():
         return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                              max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              pad_token_id=0, **kwargs)
+                              max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0,
+                              **kwargs)
 
 
-def tokens_per_second(model: Any, ids: torch.Tensor, new_tokens: int, static: bool) -> float:
-    generate(model, ids, new_tokens, static)  # warm up (kernels, compilation, graphs)
-    if ids.is_cuda:
+def timed(fn: Callable[[], Any], device: str) -> tuple[float, Any]:
+    if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    generate(model, ids, new_tokens, static)
-    if ids.is_cuda:
+    out = fn()
+    if device == "cuda":
         torch.cuda.synchronize()
-    return ids.shape[0] * new_tokens / (time.perf_counter() - start)
+    return time.perf_counter() - start, out
+
+
+def _compile_counters() -> dict[str, int]:
+    from torch._dynamo.utils import counters
+
+    return {"graph_breaks": int(sum(counters["graph_break"].values())),
+            "graphs_compiled": int(counters["stats"]["unique_graphs"]),
+            "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"])}
+
+
+def forward_ms(model: Any, ids: torch.Tensor, cache: Any, compile_cfg: CompileConfig,
+               steps: int, device: str) -> float | None:
+    """Milliseconds of one compiled decode forward replayed alone (CUDA graph on a GPU).
+
+    The arguments of one decode step are caught by wrapping the compiled forward that
+    transformers keeps on the model (``_compiled_call``, private: None if it is missing).
+    Each replay advances the static cache's write position, so it is put back before the
+    timed replays and their number is capped by the room left in the cache.
+    """
+    compiled = model.__dict__.get("_compiled_call")
+    if compiled is None:
+        return None
+    caught: list[tuple[tuple, dict, list[torch.Tensor]]] = []
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        caught.append((a, kw, [layer.cumulative_length.clone() for layer in cache.layers]))
+        return compiled(*a, **kw)
+
+    model._compiled_call = spy
+    try:
+        generate(model, ids, 2, cache, compile_cfg)  # prefill, then one compiled step
+    finally:
+        model._compiled_call = compiled
+    if not caught:
+        return None
+    a, kw, lengths = caught[0]
+
+    def rewind() -> None:
+        for layer, length in zip(cache.layers, lengths):
+            layer.cumulative_length.copy_(length)
+
+    steps = min(steps, cache.layers[0].max_cache_len - int(lengths[0]))
+    with torch.no_grad():
+        rewind()
+        for _ in range(min(3, steps)):
+            compiled(*a, **kw)
+        rewind()
+        seconds, _ = timed(lambda: [compiled(*a, **kw) for _ in range(steps)], device)
+    return 1e3 * seconds / steps
+
+
+def measure(model: Any, ids: torch.Tensor, mode: str, tokens: int, args: argparse.Namespace,
+            device: str) -> tuple[dict[str, Any], torch.Tensor]:
+    """One (model, batch, mode) speed row, and the generated tokens of the last run."""
+    from transformers import StaticCache
+
+    graphs = mode == "graphs"
+    cfg = compile_config(args, device) if graphs else None
+    cache = (StaticCache(config=model.config, max_cache_len=ids.shape[1] + tokens)
+             if graphs else None)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    before = _compile_counters()
+    first_s, _ = timed(lambda: generate(model, ids, tokens, cache, cfg), device)
+    generate(model, ids, 1, cache, cfg)
+    ones, fulls = [], []
+    out = ids
+    for _ in range(args.repeats):
+        ones.append(timed(lambda: generate(model, ids, 1, cache, cfg), device)[0])
+        seconds, out = timed(lambda: generate(model, ids, tokens, cache, cfg), device)
+        fulls.append(seconds)
+    prefill, full = statistics.median(ones), statistics.median(fulls)
+    batch = ids.shape[0]
+    decode = (batch * (tokens - 1) / (full - prefill)
+              if tokens > 1 and full > prefill else math.nan)
+    after = _compile_counters()
+    row: dict[str, Any] = {
+        "new_tokens": tokens, "decode_tokens_per_s": decode,
+        "e2e_tokens_per_s": batch * tokens / full, "prefill_s": prefill, "full_s": full,
+        "first_call_s": first_s, "compile_s_estimate": max(first_s - full, 0.0),
+        "runs_full_s": fulls, "runs_prefill_s": ones,
+        **{key: after[key] - before[key] for key in after},
+    }
+    if graphs and args.forward_steps > 0:
+        try:  # a diagnostic on transformers internals: its failure keeps the row
+            row["forward_ms"] = forward_ms(model, ids, cache, cfg, args.forward_steps, device)
+        except Exception as exc:  # noqa: BLE001
+            row["forward_ms_error"] = f"{type(exc).__name__}: {exc}"
+    if device == "cuda":
+        row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+    return row, out[:, ids.shape[1]:].cpu()
 
 
 def quality(dense: Any, quant: Any, ids: torch.Tensor) -> dict[str, float]:
     with torch.no_grad():
-        a, b = dense(ids).logits.float(), quant(ids).logits.float()
+        a = dense(ids, use_cache=False).logits.float()
+        b = quant(ids, use_cache=False).logits.float()
     last = ((b[:, -1] - a[:, -1]).norm() / a[:, -1].norm()).item()
     top1 = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
     return {"last_logits_rel_error": last, "top1_agreement": top1}
 
 
+def leading_equal(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Leading token positions where every sequence of ``a`` and ``b`` agrees."""
+    n = min(a.shape[1], b.shape[1])
+    same = (a[:, :n] == b[:, :n]).all(dim=0).tolist()
+    return n if all(same) else same.index(False)
+
+
+# ---------------------------------------------------------------------------------------
+# the run
+
+
+class Run:
+    """The results of one invocation, written to ``--json`` after every step."""
+
+    def __init__(self, args: argparse.Namespace, device: str) -> None:
+        self.args, self.device = args, device
+        self.start = time.monotonic()
+        self.result: dict[str, Any] = {
+            "model": args.model or f"random {args.config}",
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "torch": torch.__version__, "transformers": _transformers_version(),
+            "dtypes": args.dtypes, "group_size": args.group_size, "skip": list(args.skip_globs),
+            "new_tokens": args.new_tokens, "eager_new_tokens": eager_tokens(args),
+            "prompt_len": args.prompt_len, "repeats": args.repeats,
+            "compile": {"backend": args.compile_backend, "fullgraph": args.fullgraph,
+                        "dynamic": False, "mode": "reduce-overhead"
+                        if args.compile_backend == "inductor" else None,
+                        "cuda_graphs": device == "cuda"
+                        and args.compile_backend == "inductor"},
+            "command": sys.argv[1:], "models": {}, "speed": [], "errors": [],
+        }
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def out_of_time(self) -> bool:
+        budget = self.args.time_budget
+        return budget is not None and self.elapsed() > budget
+
+    def save(self) -> None:
+        self.result["elapsed_s"] = self.elapsed()
+        if self.args.json_out:
+            tmp = self.args.json_out + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.result, f, indent=2)
+            os.replace(tmp, self.args.json_out)
+
+    def error(self, where: str, exc: BaseException) -> None:
+        traceback.print_exc()
+        self.result["errors"].append({"where": where, "error": f"{type(exc).__name__}: {exc}"})
+        self.save()
+
+
+def eager_tokens(args: argparse.Namespace) -> int:
+    return args.eager_new_tokens or args.new_tokens
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def speed_rows(run: Run, name: str, model: Any, vocab: int, modes: list[str]) -> None:
+    """Every (batch, mode) of one model; a failure or the time budget skips, recorded."""
+    args, device = run.args, run.device
+    for batch in args.batches:
+        ids = prompts(batch, args.prompt_len, vocab, device, args.seed + 2)
+        tokens_by_mode: dict[str, torch.Tensor] = {}
+        for mode in modes:
+            row: dict[str, Any] = {"model": name, "batch": batch, "mode": mode}
+            if run.out_of_time():
+                row["skipped"] = f"time budget ({args.time_budget:.0f} s) spent"
+                print(f"{name} batch {batch} {mode}: skipped (time budget)")
+            else:
+                tokens = args.new_tokens if mode == "graphs" else eager_tokens(args)
+                try:
+                    measured, out = measure(model, ids, mode, tokens, args, device)
+                    row.update(measured)
+                    tokens_by_mode[mode] = out
+                    if len(tokens_by_mode) == 2:  # the same greedy tokens either way?
+                        row["leading_tokens_equal_other_mode"] = leading_equal(
+                            *tokens_by_mode.values())
+                    print(f"{name:8s} batch {batch:3d} {mode:6s} decode "
+                          f"{row['decode_tokens_per_s']:9.1f} tok/s  e2e "
+                          f"{row['e2e_tokens_per_s']:9.1f} tok/s  first call "
+                          f"{row['first_call_s']:.1f} s", flush=True)
+                except Exception as exc:  # noqa: BLE001  (recorded; the run goes on)
+                    row["error"] = f"{type(exc).__name__}: {exc}"
+                    run.error(f"{name} batch {batch} {mode}", exc)
+            run.result["speed"].append(row)
+            run.save()
+
+
+def sample_tokens(model: Any, ids: torch.Tensor, tokenizer: Any, count: int) -> Any:
+    out = generate(model, ids, count)[0, ids.shape[1]:]
+    return tokenizer.decode(out) if tokenizer is not None else out.tolist()
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.print_table:
+        print(format_table(load_results(args.print_table)))
+        return {}
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
         else args.device
+    modes = getattr(args, "mode_list", None) or (list(MODES) if device == "cuda"
+                                                 else ["eager"])
     warnings.filterwarnings("ignore", category=lowvm.nn.LowvmFallbackWarning)
-    dense, tokenizer = build_model(args, device)
-    quant = copy.deepcopy(dense)
-    report = lowvm.quantize_model(quant, dtype=args.dtype, group_size=args.group_size,
-                                  progress=False)
-    print(report)
+    run = Run(args, device)
+    run.result["modes"] = modes
+
+    seconds, (dense, tokenizer) = timed(lambda: build_model(args, device), device)
     vocab = dense.config.vocab_size
-    result: dict[str, Any] = {
-        "model": args.model or "random-llama", "dtype": args.dtype, "group_size": args.group_size,
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "new_tokens": args.new_tokens, "layers_replaced": report.layers_replaced,
-        "weight_bytes": {"float16": weight_bytes(dense), "lowvm": weight_bytes(quant)},
-    }
-
+    run.result["init_s"] = seconds
+    run.result["parameters"] = sum(p.numel() for p in dense.parameters())
+    print(f"float16 model: {run.result['parameters'] / 1e9:.2f}e9 parameters, built on "
+          f"{device} in {seconds:.1f} s", flush=True)
     if tokenizer is not None:
-        ids = tokenizer(["The capital of France is"], return_tensors="pt").input_ids.to(device)
+        sample_ids = tokenizer(["The capital of France is"], return_tensors="pt"
+                               ).input_ids.to(device)
     else:
-        ids = prompts(1, args.prompt_len, vocab, device, args.seed)
-    out = generate(quant, ids, args.new_tokens, static=False)[0, ids.shape[1]:]
-    text = tokenizer.decode(out) if tokenizer is not None else out.tolist()
-    print(f"lowvm {args.dtype} generated: {text!r}")
-    result["generated"] = text
+        sample_ids = prompts(1, args.prompt_len, vocab, device, args.seed)
+    quality_ids = prompts(4, max(args.prompt_len, 8), vocab, device, args.seed + 1)
+    sample_count = min(args.new_tokens, SAMPLE_TOKENS)
+    fp16_sample = sample_tokens(dense, sample_ids, tokenizer, sample_count)
+    run.result["models"]["float16"] = {"weight_bytes": weight_bytes(dense),
+                                       "generated": fp16_sample}
+    run.save()
+    if not args.no_fp16_speed:
+        speed_rows(run, "float16", dense, vocab, modes)
+        release(dense)
 
-    result["quality"] = quality(dense, quant, prompts(4, max(args.prompt_len, 8), vocab,
-                                                      device, args.seed + 1))
-    print("quality vs float16:", result["quality"])
+    for dtype in args.dtypes:
+        if run.out_of_time():
+            run.result["models"][dtype] = {"skipped": "time budget spent"}
+            run.save()
+            continue
+        try:
+            allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
+            seconds, (quant, report) = timed(
+                lambda d=dtype: quantized_copy(dense, d, args.group_size, args.skip_globs),
+                device)
+        except Exception as exc:  # noqa: BLE001  (recorded; the next type may still work)
+            run.error(f"quantize {dtype}", exc)
+            continue
+        print(report, f"in {seconds:.1f} s", flush=True)
+        info: dict[str, Any] = {
+            "quantize_s": seconds, "layers_replaced": report.layers_replaced,
+            "layers_skipped": sorted(report.skipped), "weight_bytes": weight_bytes(quant),
+            "quantized_layer_bytes": {"float16": report.bytes_before,
+                                      "lowvm": report.bytes_after},
+        }
+        if device == "cuda":
+            info["gpu_bytes_added"] = torch.cuda.memory_allocated() - allocated
+        run.result["models"][dtype] = info
+        try:
+            info["quality"] = quality(dense, quant, quality_ids)
+            info["generated"] = sample_tokens(quant, sample_ids, tokenizer, sample_count)
+            if tokenizer is None:
+                same = [a == b for a, b in zip(info["generated"], fp16_sample)]
+                info["generated_leading_equal_float16"] = (
+                    same.index(False) if False in same else len(same))
+            print(f"lowvm {dtype} generated: {info['generated']!r}; quality vs float16: "
+                  f"{info['quality']}", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            run.error(f"quality {dtype}", exc)
+        run.save()
+        speed_rows(run, dtype, quant, vocab, modes)
+        release(quant)
+        del quant
+        release(dense)
 
-    modes = ["eager", "static_cache"] if device == "cuda" else ["eager"]
-    speed: list[dict[str, Any]] = []
-    for batch in [int(b) for b in args.batch_sizes.split(",") if b]:
-        batch_ids = prompts(batch, args.prompt_len, vocab, device, args.seed + 2)
-        for mode in modes:
-            row: dict[str, Any] = {"batch": batch, "mode": mode}
-            for name, model in (("float16", dense), ("lowvm", quant)):
-                row[f"{name}_tokens_per_s"] = tokens_per_second(
-                    model, batch_ids, args.new_tokens, static=mode == "static_cache")
-            speed.append(row)
-            print(f"batch {batch:3d} {mode:12s} float16 {row['float16_tokens_per_s']:9.1f} tok/s"
-                  f"   lowvm {row['lowvm_tokens_per_s']:9.1f} tok/s")
-    result["tokens_per_s"] = speed
-    mib = {k: v / 2**20 for k, v in result["weight_bytes"].items()}
-    print(f"weights: float16 {mib['float16']:.2f} MiB, lowvm {mib['lowvm']:.2f} MiB")
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump(result, f, indent=2)
-    return result
+    print()
+    print(format_table(run.result))
+    run.save()
+    return run.result
+
+
+# ---------------------------------------------------------------------------------------
+# the table
+
+
+def load_results(paths: list[str]) -> dict[str, Any]:
+    """Several ``--json`` results as one: speed rows and models of all of them."""
+    merged: dict[str, Any] = {"models": {}, "speed": [], "errors": [], "sources": paths}
+    for path in paths:
+        with open(path) as f:
+            result = json.load(f)
+        for name, info in result.get("models", {}).items():
+            merged["models"].setdefault(name, info)
+        merged["speed"] += result.get("speed", [])
+        merged["errors"] += result.get("errors", [])
+        merged.setdefault("device", result.get("device"))
+    return merged
+
+
+def _num(value: Any, fmt: str) -> str:
+    if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Speed rows with the speed-up over float16 at the same batch and mode, and memory and
+    quality per model."""
+    ref = {(r["batch"], r["mode"]): r for r in result["speed"]
+           if r["model"] == "float16" and "decode_tokens_per_s" in r}
+    head = (f"{'model':8s} {'batch':>5s} {'mode':6s} {'decode tok/s':>12s} {'x fp16':>7s} "
+            f"{'e2e tok/s':>10s} {'x fp16':>7s} {'fwd ms':>7s} {'1st call s':>10s} "
+            f"{'breaks':>6s} {'cg skips':>8s}")
+    lines = [f"device: {result.get('device')}", head, "-" * len(head)]
+    for r in sorted(result["speed"], key=lambda r: (r["batch"], r["mode"])):
+        if "decode_tokens_per_s" not in r:
+            why = r.get("skipped") or r.get("error", "")
+            lines.append(f"{r['model']:8s} {r['batch']:5d} {r['mode']:6s} not measured: "
+                         f"{why[:60]}")
+            continue
+        base = ref.get((r["batch"], r["mode"]))
+        x_dec = x_e2e = None
+        if base is not None:
+            x_dec = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+            x_e2e = r["e2e_tokens_per_s"] / base["e2e_tokens_per_s"]
+        lines.append(
+            f"{r['model']:8s} {r['batch']:5d} {r['mode']:6s} "
+            f"{_num(r['decode_tokens_per_s'], '12.1f')} {_num(x_dec, '7.2f')} "
+            f"{_num(r['e2e_tokens_per_s'], '10.1f')} {_num(x_e2e, '7.2f')} "
+            f"{_num(r.get('forward_ms'), '7.2f')} {_num(r.get('first_call_s'), '10.1f')} "
+            f"{_num(r.get('graph_breaks'), '6d')} {_num(r.get('cudagraph_skips'), '8d')}")
+    lines += ["", f"{'model':8s} {'stored MiB':>10s} {'resident MiB':>12s} "
+              f"{'rel err (last logits)':>22s} {'top-1 agree':>11s}"]
+    for name, info in result["models"].items():
+        wb = info.get("weight_bytes", {})
+        q = info.get("quality", {})
+        stored = wb.get("stored", math.nan) / 2**20
+        resident = wb.get("resident", math.nan) / 2**20
+        lines.append(f"{name:8s} {_num(stored, '10.1f')} {_num(resident, '12.1f')} "
+                     f"{_num(q.get('last_logits_rel_error'), '22.4f')} "
+                     f"{_num(q.get('top1_agreement'), '11.3f')}")
+    if result.get("errors"):
+        lines.append(f"{len(result['errors'])} error(s): see 'errors' in the JSON")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
