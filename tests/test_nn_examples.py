@@ -1,4 +1,6 @@
-"""The serving examples run on the CPU with tiny settings (what CI runs)."""
+"""The serving examples run on the CPU with tiny settings (what CI runs); the Llama-3-8B
+configuration of the serving measurement is checked on the meta device (nothing
+allocated); the CUDA-graph path runs tiny on the GPU (``gpu``)."""
 
 from __future__ import annotations
 
@@ -8,24 +10,139 @@ import runpy
 import sys
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
+EXAMPLE = "serving_examples/quantize_and_generate.py"
 
-def test_quantize_and_generate_tiny(tmp_path, monkeypatch):
+
+def run_example(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", *args])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threads only contend (5x slower on a busy CI)
+    try:
+        runpy.run_path(EXAMPLE, run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
+    """The example's functions (run without ``__main__``: nothing executes)."""
+    return runpy.run_path(EXAMPLE)
+
+
+def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", [
-        "quantize_and_generate.py", "--dtype", "int4", "--group-size", "64", "--new-tokens", "3",
-        "--batch-sizes", "1,2", "--prompt-len", "6", "--json", str(out)])
-    runpy.run_path("serving_examples/quantize_and_generate.py", run_name="__main__")
+    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "3",
+                "--batch-sizes", "1,2", "--prompt-len", "6", "--repeats", "1",
+                "--json", str(out))
     result = json.loads(out.read_text())
-    assert result["layers_replaced"] == 14
-    assert result["weight_bytes"]["lowvm"] < result["weight_bytes"]["float16"]
-    assert len(result["generated"]) == 3
-    assert [r["batch"] for r in result["tokens_per_s"]] == [1, 2]
-    assert all(r["lowvm_tokens_per_s"] > 0 for r in result["tokens_per_s"])
-    assert 0.0 <= result["quality"]["top1_agreement"] <= 1.0
-    assert 0.0 < result["quality"]["last_logits_rel_error"] < 1.0
+    int4, fp16 = result["models"]["int4"], result["models"]["float16"]
+    assert int4["layers_replaced"] == 14 and int4["layers_skipped"] == ["lm_head"]
+    assert int4["weight_bytes"]["stored"] < fp16["weight_bytes"]["stored"]
+    assert int4["quantized_layer_bytes"]["lowvm"] < int4["quantized_layer_bytes"]["float16"]
+    assert len(int4["generated"]) == 3 and len(fp16["generated"]) == 3
+    rows = result["speed"]
+    assert [(r["model"], r["batch"], r["mode"]) for r in rows] == [
+        ("float16", 1, "eager"), ("float16", 2, "eager"), ("int4", 1, "eager"),
+        ("int4", 2, "eager")]
+    for r in rows:
+        assert r["decode_tokens_per_s"] > 0 and r["e2e_tokens_per_s"] > 0
+        assert r["full_s"] > r["prefill_s"] > 0 and len(r["runs_full_s"]) == 1
+    assert 0.0 <= int4["quality"]["top1_agreement"] <= 1.0
+    assert 0.0 < int4["quality"]["last_logits_rel_error"] < 1.0
+    assert result["errors"] == []
+    table = capsys.readouterr().out.rsplit("device:", 1)[1]  # the table is printed last
+    int4_b2 = next(line for line in table.splitlines() if line.startswith("int4         2"))
+    want = rows[3]["decode_tokens_per_s"] / rows[1]["decode_tokens_per_s"]
+    assert f"{want:7.2f}" in int4_b2  # speed-up over float16 at the same batch and mode
+
+
+def test_graphs_mode_plumbing_on_cpu(tmp_path, monkeypatch):
+    """Static cache + the forward transformers compiles (eager backend: no CUDA here) gives
+    the eager path's greedy tokens, without graph breaks through the lowvm custom op."""
+    out = tmp_path / "result.json"
+    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "4",
+                "--batch-sizes", "2", "--prompt-len", "5", "--repeats", "1",
+                "--modes", "eager,graphs", "--compile-backend", "eager", "--forward-steps",
+                "2", "--no-fp16-speed", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["errors"] == [] and result["compile"]["cuda_graphs"] is False
+    eager, graphs = result["speed"]
+    assert (eager["mode"], graphs["mode"]) == ("eager", "graphs")
+    assert graphs["graphs_compiled"] >= 1 and graphs["graph_breaks"] == 0
+    assert eager["graphs_compiled"] == 0
+    assert graphs["leading_tokens_equal_other_mode"] == 4
+    assert graphs["forward_ms"] > 0
+    assert "float16" not in {r["model"] for r in result["speed"]}
+
+
+def test_time_budget_skips_and_records(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "result.json"
+    run_example(monkeypatch, "--dtype", "int4,int2", "--batch-sizes", "1", "--new-tokens",
+                "2", "--time-budget", "0", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert [r.get("skipped", "")[:11] for r in result["speed"]] == ["time budget"]
+    assert result["models"]["int4"] == {"skipped": "time budget spent"}
+    assert "int2" in result["models"]
+    capsys.readouterr()
+    run_example(monkeypatch, "--print-table", str(out), str(out))
+    assert "not measured: time budget" in capsys.readouterr().out
+
+
+def test_llama3_8b_is_built_on_meta_without_memory(example):
+    config = example["random_config"](example["parse_args"](["--config", "llama3-8b"]))
+    assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers,
+            config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (
+        4096, 14336, 32, 32, 8, 128256)
+    model = example["init_random"](config, "meta")
+    tensors = [*model.parameters(), *model.buffers()]
+    assert all(t.is_meta for t in tensors)
+    assert {p.dtype for p in model.parameters()} == {torch.float16}
+    h, f, v, kv = 4096, 14336, 128256, 8 * 128
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # q, o; k, v; MLP; two norms
+    expected = 2 * v * h + 32 * per_layer + h  # embedding, lm_head (untied), final norm
+    assert sum(p.numel() for p in model.parameters()) == expected
+    assert 7.9e9 < expected < 8.1e9
+    assert example["weight_bytes"](model)["stored"] == 2 * expected  # float16
+
+
+def test_random_init_on_device_and_shared_quantized_copy(example):
+    args = example["parse_args"]([])
+    torch.manual_seed(0)
+    dense = example["init_random"](example["random_config"](args), "cpu")
+    up = dense.model.layers[0].mlp.up_proj.weight
+    assert up.dtype == torch.float16 and abs(up.float().std().item() - 0.02) < 2e-3
+    assert torch.equal(dense.model.norm.weight, torch.ones_like(dense.model.norm.weight))
+    before = up.clone()
+    quant, report = example["quantized_copy"](dense, "int3", 64, ("lm_head",))
+    assert report.layers_replaced == 14
+    assert type(quant.model.layers[0].mlp.up_proj).__name__ == "QuantLinear"
+    assert type(dense.model.layers[0].mlp.up_proj).__name__ == "Linear"
+    assert torch.equal(dense.model.layers[0].mlp.up_proj.weight, before)
+    assert quant.model.embed_tokens.weight is dense.model.embed_tokens.weight
+    assert quant.lm_head.weight is dense.lm_head.weight
+
+
+@pytest.mark.gpu
+def test_graphs_mode_on_cuda(tmp_path, monkeypatch):
+    """The CUDA-graph path of the serving measurement, tiny: compiled without graph breaks
+    or CUDA-graph skips, the same first greedy tokens as eager, a replayed forward."""
+    out = tmp_path / "result.json"
+    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "8",
+                "--batch-sizes", "1", "--repeats", "1", "--modes", "eager,graphs",
+                "--forward-steps", "4", "--no-fp16-speed", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["errors"] == [] and result["compile"]["cuda_graphs"] is True
+    eager, graphs = result["speed"]
+    assert graphs["graphs_compiled"] >= 1
+    assert graphs["graph_breaks"] == 0 and graphs["cudagraph_skips"] == 0
+    assert graphs["leading_tokens_equal_other_mode"] >= 2  # 1st from eager prefill
+    assert graphs["forward_ms"] > 0 and graphs["decode_tokens_per_s"] > 0
+    added = result["models"]["int4"]["gpu_bytes_added"]
+    assert 0 < added < result["models"]["int4"]["quantized_layer_bytes"]["float16"]
 
 
 def test_custom_program_example(monkeypatch, capsys):
