@@ -417,40 +417,86 @@ def _transformers_version() -> str:
     return transformers.__version__
 
 
-def speed_rows(run: Run, name: str, model: Any, vocab: int, modes: list[str]) -> None:
-    """Every (batch, mode) of one model; a failure or the time budget skips, recorded."""
+def speed_rows(run: Run, models: dict[str, Any], vocab: int, modes: list[str]) -> None:
+    """Every (batch, mode, model), in that order of priority: all models at the first batch
+    size and mode come before any at the next, so a time budget cuts the least wanted rows.
+    Compiled state is released after each row; a failure or the budget skips, recorded."""
     args, device = run.args, run.device
+    tokens_of: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
     for batch in args.batches:
         ids = prompts(batch, args.prompt_len, vocab, device, args.seed + 2)
-        tokens_by_mode: dict[str, torch.Tensor] = {}
         for mode in modes:
-            row: dict[str, Any] = {"model": name, "batch": batch, "mode": mode}
-            if run.out_of_time():
-                row["skipped"] = f"time budget ({args.time_budget:.0f} s) spent"
-                print(f"{name} batch {batch} {mode}: skipped (time budget)")
-            else:
-                tokens = args.new_tokens if mode == "graphs" else eager_tokens(args)
-                try:
-                    measured, out = measure(model, ids, mode, tokens, args, device)
-                    row.update(measured)
-                    tokens_by_mode[mode] = out
-                    if len(tokens_by_mode) == 2:  # the same greedy tokens either way?
-                        row["leading_tokens_equal_other_mode"] = leading_equal(
-                            *tokens_by_mode.values())
-                    print(f"{name:8s} batch {batch:3d} {mode:6s} decode "
-                          f"{row['decode_tokens_per_s']:9.1f} tok/s  e2e "
-                          f"{row['e2e_tokens_per_s']:9.1f} tok/s  first call "
-                          f"{row['first_call_s']:.1f} s", flush=True)
-                except Exception as exc:  # noqa: BLE001  (recorded; the run goes on)
-                    row["error"] = f"{type(exc).__name__}: {exc}"
-                    run.error(f"{name} batch {batch} {mode}", exc)
-            run.result["speed"].append(row)
-            run.save()
+            for name, model in models.items():
+                row: dict[str, Any] = {"model": name, "batch": batch, "mode": mode}
+                if run.out_of_time():
+                    row["skipped"] = f"time budget ({args.time_budget:.0f} s) spent"
+                    print(f"{name} batch {batch} {mode}: skipped (time budget)")
+                else:
+                    measure_row(run, row, model, ids, tokens_of.setdefault((name, batch), {}))
+                    release(model)
+                run.result["speed"].append(row)
+                run.save()
+
+
+def measure_row(run: Run, row: dict[str, Any], model: Any, ids: torch.Tensor,
+                tokens_by_mode: dict[str, torch.Tensor]) -> None:
+    """Fill ``row`` with one measurement (or the error that stopped it)."""
+    args, mode = run.args, row["mode"]
+    tokens = args.new_tokens if mode == "graphs" else eager_tokens(args)
+    try:
+        measured, out = measure(model, ids, mode, tokens, args, run.device)
+    except Exception as exc:  # noqa: BLE001  (recorded; the run goes on)
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        run.error(f"{row['model']} batch {row['batch']} {mode}", exc)
+        return
+    row.update(measured)
+    tokens_by_mode[mode] = out
+    if len(tokens_by_mode) == 2:  # the same greedy tokens with and without graphs?
+        row["leading_tokens_equal_other_mode"] = leading_equal(*tokens_by_mode.values())
+    print(f"{row['model']:8s} batch {row['batch']:3d} {mode:6s} decode "
+          f"{row['decode_tokens_per_s']:9.1f} tok/s  e2e {row['e2e_tokens_per_s']:9.1f} "
+          f"tok/s  first call {row['first_call_s']:.1f} s", flush=True)
 
 
 def sample_tokens(model: Any, ids: torch.Tensor, tokenizer: Any, count: int) -> Any:
     out = generate(model, ids, count)[0, ids.shape[1]:]
     return tokenizer.decode(out) if tokenizer is not None else out.tolist()
+
+
+def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> Any | None:
+    """Quantize a shared copy of ``dense`` to ``dtype``, record its memory and quality;
+    the model, or None when quantizing failed (recorded)."""
+    args, device = run.args, run.device
+    allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
+    try:
+        seconds, (quant, report) = timed(
+            lambda: quantized_copy(dense, dtype, args.group_size, args.skip_globs), device)
+    except Exception as exc:  # noqa: BLE001  (recorded; the next type may still work)
+        run.error(f"quantize {dtype}", exc)
+        return None
+    print(report, f"in {seconds:.1f} s", flush=True)
+    info: dict[str, Any] = {
+        "quantize_s": seconds, "layers_replaced": report.layers_replaced,
+        "layers_skipped": sorted(report.skipped), "weight_bytes": weight_bytes(quant),
+        "quantized_layer_bytes": {"float16": report.bytes_before, "lowvm": report.bytes_after},
+    }
+    if device == "cuda":
+        info["gpu_bytes_added"] = torch.cuda.memory_allocated() - allocated
+    run.result["models"][dtype] = info
+    try:
+        info["quality"] = quality(dense, quant, probes["quality_ids"])
+        info["generated"] = sample_tokens(quant, probes["sample_ids"], probes["tokenizer"],
+                                          probes["sample_count"])
+        if probes["tokenizer"] is None:
+            same = [a == b for a, b in zip(info["generated"], probes["fp16_sample"])]
+            info["generated_leading_equal_float16"] = (
+                same.index(False) if False in same else len(same))
+        print(f"lowvm {dtype} generated: {info['generated']!r}; quality vs float16: "
+              f"{info['quality']}", flush=True)
+    except Exception as exc:  # noqa: BLE001
+        run.error(f"quality {dtype}", exc)
+    run.save()
+    return quant
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -477,55 +523,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                ).input_ids.to(device)
     else:
         sample_ids = prompts(1, args.prompt_len, vocab, device, args.seed)
-    quality_ids = prompts(4, max(args.prompt_len, 8), vocab, device, args.seed + 1)
-    sample_count = min(args.new_tokens, SAMPLE_TOKENS)
-    fp16_sample = sample_tokens(dense, sample_ids, tokenizer, sample_count)
+    probes = {"tokenizer": tokenizer, "sample_ids": sample_ids,
+              "sample_count": min(args.new_tokens, SAMPLE_TOKENS),
+              "quality_ids": prompts(4, max(args.prompt_len, 8), vocab, device, args.seed + 1)}
+    probes["fp16_sample"] = sample_tokens(dense, sample_ids, tokenizer, probes["sample_count"])
     run.result["models"]["float16"] = {"weight_bytes": weight_bytes(dense),
-                                       "generated": fp16_sample}
+                                       "generated": probes["fp16_sample"]}
     run.save()
-    if not args.no_fp16_speed:
-        speed_rows(run, "float16", dense, vocab, modes)
-        release(dense)
 
-    for dtype in args.dtypes:
-        if run.out_of_time():
-            run.result["models"][dtype] = {"skipped": "time budget spent"}
-            run.save()
-            continue
-        try:
-            allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
-            seconds, (quant, report) = timed(
-                lambda d=dtype: quantized_copy(dense, d, args.group_size, args.skip_globs),
-                device)
-        except Exception as exc:  # noqa: BLE001  (recorded; the next type may still work)
-            run.error(f"quantize {dtype}", exc)
-            continue
-        print(report, f"in {seconds:.1f} s", flush=True)
-        info: dict[str, Any] = {
-            "quantize_s": seconds, "layers_replaced": report.layers_replaced,
-            "layers_skipped": sorted(report.skipped), "weight_bytes": weight_bytes(quant),
-            "quantized_layer_bytes": {"float16": report.bytes_before,
-                                      "lowvm": report.bytes_after},
-        }
-        if device == "cuda":
-            info["gpu_bytes_added"] = torch.cuda.memory_allocated() - allocated
-        run.result["models"][dtype] = info
-        try:
-            info["quality"] = quality(dense, quant, quality_ids)
-            info["generated"] = sample_tokens(quant, sample_ids, tokenizer, sample_count)
-            if tokenizer is None:
-                same = [a == b for a, b in zip(info["generated"], fp16_sample)]
-                info["generated_leading_equal_float16"] = (
-                    same.index(False) if False in same else len(same))
-            print(f"lowvm {dtype} generated: {info['generated']!r}; quality vs float16: "
-                  f"{info['quality']}", flush=True)
-        except Exception as exc:  # noqa: BLE001
-            run.error(f"quality {dtype}", exc)
-        run.save()
-        speed_rows(run, dtype, quant, vocab, modes)
-        release(quant)
-        del quant
-        release(dense)
+    models: dict[str, Any] = {} if args.no_fp16_speed else {"float16": dense}
+    for dtype in args.dtypes:  # all copies stay (8B: int4 + int3 + int2 add ~16 GB)
+        quant = add_quantized(run, dense, dtype, probes)
+        if quant is not None:
+            models[dtype] = quant
+    speed_rows(run, models, vocab, modes)
 
     print()
     print(format_table(run.result))
