@@ -9,7 +9,6 @@ prefill schedules share one copy of the weights.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,6 @@ from lowvm.kernels.quant_gemm import (
     quant_gemm,
     quant_gemm_bf16,
     repack_weights,
-    substeps,
 )
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
@@ -122,8 +120,8 @@ def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
     return encode(q.reshape(n, k), wt), np.ascontiguousarray(scales.T)
 
 
-def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT,
-                    wtype: DType | str = "int4") -> GemmSchedule:
+def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT
+                    ) -> GemmSchedule:
     """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill."""
     if m <= 16:
         bm, warps_m = 16, 1
@@ -137,10 +135,9 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     while (blocks * split < 2 * num_sms and steps % (2 * split) == 0
            and steps // (2 * split) >= 4):
         split *= 2
-    s = GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                     split=split, stages=None if m <= 16 else 3)
-    per_block = steps // split * substeps(as_dtype(wtype), s)
-    return dataclasses.replace(s, prefetch=_largest_dividing(4 if m <= 16 else 1, per_block))
+    return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
+                        split=split, stages=None if m <= 16 else 3,
+                        prefetch=_largest_dividing(4 if m <= 16 else 1, steps // split))
 
 
 def _largest_dividing(limit: int, steps: int) -> int:
@@ -175,15 +172,13 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     plan = _PLANS.get(key)
     if plan is None:
         n, k = weight.n, weight.k
-        s = schedule or choose_schedule(m, n, k, weight.bk, wtype=weight.wtype)
+        s = schedule or choose_schedule(m, n, k, weight.bk)
         if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
             raise LowvmError(f"schedule {s} does not match the weight's format "
                              f"(bk={weight.bk}, bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
-        steps = k // s.bk // s.split * substeps(weight.wtype, s)
-        if (k // s.bk) % s.split or steps % s.prefetch:
-            raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} tiles must split in "
-                             f"{s.split} and the {steps} K steps per block be a multiple "
-                             f"of prefetch = {s.prefetch}")
+        if (k // s.bk) % (s.split * s.prefetch):
+            raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple "
+                             f"of split x prefetch = {s.split * s.prefetch}")
         gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
                          group=weight.group, zero_point=zero_point, **s.constants())
         finish = (None if s.split == 1 else

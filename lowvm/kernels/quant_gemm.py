@@ -18,13 +18,8 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   in round-robin register buffers (no register moves, so each load hides behind
   ``prefetch`` steps of math); ``x`` comes in ``prefetch`` steps at a time.
 
-- **K steps of one chunk**: for 1, 2, 4 and 8-bit types a thread's 16-byte chunk holds
-  whole MMA k-atoms, so the kernel steps through K one chunk at a time (``substeps``
-  per stored tile): one load instruction and few registers per step.
-
-Shapes: ``k`` a multiple of ``bk * split``, the K steps per block (``k / bk / split *
-substeps``) a multiple of ``prefetch``, ``n`` of ``bn``, ``group`` a multiple of ``bk``
-(or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
+Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``n`` of ``bn``, ``group`` a
+multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, swizzle_128b
 
 __all__ = ["quant_gemm", "quant_gemm_bf16", "finish_split", "finish_split_bf16",
-           "GemmSchedule", "weight_layouts", "schedule_layouts", "substeps", "repack_index",
+           "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
            "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks"]
 
 
@@ -125,34 +120,20 @@ def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
         -1, lw.bytes_per_thread)
 
 
-def substeps(wtype: DType, schedule_or_lw: GemmSchedule | WeightLayouts) -> int:
-    """K sub-steps per weight tile: one per 16-byte chunk when chunks hold whole MMA
-    k-atoms (1, 2, 4 and 8-bit types), else 1 (the whole tile per step)."""
-    lw = (schedule_layouts(wtype, schedule_or_lw)
-          if isinstance(schedule_or_lw, GemmSchedule) else schedule_or_lw)
-    aligned = lw.chunk == 16 and 16 % wtype.nbits == 0
-    return lw.vectors if aligned else 1
-
-
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
                      group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
                      warps_n: int, split: int, stages: int | None, prefetch: int) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
-    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)  # the stored tile
-    # a K step is one 16-byte chunk per thread where chunks hold whole k-atoms: fewer
-    # registers per step (more warps per SM) and one load instruction per step
-    sub = substeps(wtype, lw)
-    kc = bk // sub
-    ls = weight_layouts(wtype, bm, bn, kc, warps_m, warps_n, adtype) if sub > 1 else lw
-    lay = ls.mma
+    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
+    lay = lw.mma
     vm.set_warps(warps_m * warps_n)
     vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
     col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
     n_tiles = n // bn
-    steps = k // bk // split * sub  # K steps of kc per block
-    step0 = vm.block_index(1) * steps
+    k_steps = k // bk // split
+    k_tile0 = vm.block_index(1) * k_steps
 
     gx = vm.global_view(x, [m, k])
     # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * tile_rows, +tile_rows)
@@ -161,23 +142,22 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     gz = vm.global_view(zeros, [k // group, n])
     group_layout = reduce(lay.b, [0], keepdims=True)
 
+    # the 128-byte swizzle keeps ldmatrix conflict-free; rows under 128 bytes stay plain
+    swizzled = bk * adtype.nbits // 8 >= 128
     # x for `prefetch` K steps at a time; the 128-byte swizzle keeps ldmatrix
     # conflict-free (rows under 128 bytes stay plain)
-    xk = kc * prefetch
+    xk = bk * prefetch
     swizzled = xk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, xk], swizzle_128b(bm, xk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    last = step0 + steps - 1
-    load_rows = ls.tile_rows  # one chunk of every thread (sub > 1) or the whole tile
+    last = k_tile0 + k_steps - 1
 
-    def step_data(step):
-        """Packed weights, scales (and zeros) of K step ``step``, clamped to the block's."""
-        step = minimum(step, last)
-        row = ((step // sub) * n_tiles + vm.block_index(0)) * lw.tile_rows
-        if sub > 1:
-            row = row + (step % sub) * lw.rows
-        g = [step * kc // group, col0]
-        data = [vm.load_global(gw, [row, 0], [load_rows, lw.chunk], ls.packed),
+    def step_data(kt):
+        """Packed weights, scales (and zeros) of K step kt, clamped to this block's range."""
+        kt = minimum(kt, last)
+        row = (kt * n_tiles + vm.block_index(0)) * lw.tile_rows
+        g = [kt * bk // group, col0]
+        data = [vm.load_global(gw, [row, 0], [lw.tile_rows, lw.chunk], lw.packed),
                 vm.load_global(gs, g, [1, bn], group_layout)]
         if zero_point:
             data.append(vm.load_global(gz, g, [1, bn], group_layout))
@@ -187,22 +167,22 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     # register buffers: buffer j is used by step j of each group of `prefetch` steps and
     # then reloaded for the same step of the next group, so a load has `prefetch` steps
     # of math to hide behind and no register is ever moved
-    bufs = [step_data(step0 + j) for j in range(prefetch)]
-    for it in vm.range(steps // prefetch, stages=stages):
-        s0 = step0 + it * prefetch
-        vm.copy_async(sx, gx, [row0, s0 * kc])
+    bufs = [step_data(k_tile0 + j) for j in range(prefetch)]
+    for it in vm.range(k_steps // prefetch, stages=stages):
+        kt0 = k_tile0 + it * prefetch
+        vm.copy_async(sx, gx, [row0, kt0 * bk])
         vm.commit_group()
         vm.wait_group(0)
         vm.sync()
         for j in range(prefetch):
             packed, scale, *zero = bufs[j]
-            wk = vm.cast(vm.view(packed, wtype, ls.values), adtype)
+            wk = vm.cast(vm.view(packed, wtype, lw.values), adtype)
             if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
                 wk = wk - zero[0]
             wk = wk * scale
-            xa = vm.load_shared(sx, lay.a, [0, j * kc], [bm, kc])
+            xa = vm.load_shared(sx, lay.a, [0, j * bk], [bm, bk])
             vm.dot(xa, wk, acc, out=acc)
-            for dst, src in zip(bufs[j], step_data(s0 + j + prefetch)):
+            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()
     if split == 1:
