@@ -5,19 +5,20 @@ weights built from ``--config`` (``tiny``, the CI default, or ``llama3-8b``: hid
 MLP 14336, 32 layers, 32 heads, 8 KV heads, vocabulary 128256; nothing is downloaded).
 A random model is initialised **directly on the device in float16** (``torch.device``
 context + ``dtype=float16``): building 8B parameters on the CPU in float32 and casting
-would take minutes and 32 GB of host memory; on the GPU it takes a second.
+would take minutes and 32 GB of host memory; on the GPU it is a few kernel launches.
 
 For each type of ``--dtype`` (a comma list, e.g. ``int4,int3,int2``) a quantized copy is
 made that *shares* the float16 model's embedding, norms and skipped layers (``lm_head`` by
-default), so only the quantized linears take new memory; it is freed before the next type.
-Reported, per model:
+default), so each type only adds its quantized linears (all copies stay alive: the 8B
+model's int4 + int3 + int2 copies add about 16 GB to its 16 GB). Reported, per model:
 
 * weight memory: ``stored`` (the state dict: packed codes, scales, zeros, dense rest) and
   ``resident`` (every parameter and buffer, including the kernel's repacked copy);
 * quality vs float16 on fixed prompts: relative error of the last position's logits and
   top-1 agreement over all positions; the first greedy tokens of a fixed prompt;
 * speed at each ``--batch-sizes``, greedy with exactly ``--new-tokens`` tokens from a
-  ``--prompt-len``-token prompt, in each of ``--modes``:
+  ``--prompt-len``-token prompt, in each of ``--modes`` (batch-major: every model at the
+  first batch size and mode before any at the next, so ``--time-budget`` cuts the last):
   ``eager`` (dynamic cache, no compilation) and ``graphs`` (a transformers ``StaticCache``
   kept across runs + the forward that ``generate`` compiles with ``torch.compile(mode=
   "reduce-overhead")``, i.e. CUDA graphs on a GPU). Each (model, batch, mode) runs once
@@ -231,10 +232,10 @@ def compile_config(args: argparse.Namespace, device: str) -> CompileConfig:
 
 
 def generate(model: Any, ids: torch.Tensor, tokens: int, cache: Any = None,
-             compile_cfg: CompileConfig | None = None, **extra: Any) -> Any:
+             compile_cfg: CompileConfig | None = None) -> Any:
     """Greedy generation of exactly ``tokens`` tokens; with a ``StaticCache`` (reset here)
     transformers compiles the decode steps with ``compile_cfg``."""
-    kwargs: dict[str, Any] = dict(extra)
+    kwargs: dict[str, Any] = {}
     if cache is not None:
         cache.reset()
         kwargs.update(past_key_values=cache, compile_config=compile_cfg)
