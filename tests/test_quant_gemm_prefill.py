@@ -20,6 +20,7 @@ from lowvm.kernels.quant_gemm_prefill import (
     FORMAT_WARPS_N,
     PREFILL_SCHEDULE,
     prefill_layouts,
+    prefill_schedule_for,
     quant_gemm_prefill,
     quant_gemm_prefill_bf16,
 )
@@ -190,7 +191,7 @@ def test_compiles_without_spills(arch, wtype, sched):
     from lowvm.codegen import generate_cuda
     from lowvm.runtime import resource_usage
 
-    s = SCHEDULES[sched]
+    s = prefill_schedule_for(arch) if sched == "default" else SCHEDULES[sched]
     cuda = generate_cuda(quant_gemm_prefill.build(wtype=lowvm.dtype(wtype), group=128,
                                                   **s.constants()))
     for needle in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync", "cp.async.cg.shared.global",
