@@ -38,6 +38,10 @@ NUM_SMS_DEFAULT = 132
 #: which kernel ``quant_linear`` runs for M > 64 without an explicit schedule:
 #: "quant_gemm_prefill" (measured 1.4-1.6x faster there on the H100) or "quant_gemm"
 PREFILL_KERNEL = "quant_gemm_prefill"
+#: ... when its 256 x 128 tiles give at least this many blocks: with fewer (M = 256 on
+#: N = 4096, 6144 or 8192) it measured slower than quant_gemm's smaller tiles on the H100
+#: (e.g. 14336 x 4096, M = 256: 404 vs 191 us), with 80 (8192 x 10240) faster (237 vs 283)
+PREFILL_MIN_BLOCKS = 80
 
 
 def weight_bk(group: int, k: int) -> int:
@@ -201,7 +205,8 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
         raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
     x = x.contiguous()
     m, n, k = x.shape[0], weight.n, weight.k
-    if schedule is None and m > 64 and PREFILL_KERNEL == "quant_gemm_prefill":
+    if (schedule is None and m > 64 and PREFILL_KERNEL == "quant_gemm_prefill"
+            and math.ceil(m / 256) * (n // 128) >= PREFILL_MIN_BLOCKS):
         return prefill_quant_linear(x, weight)
     bf16 = x.dtype == torch.bfloat16
     scales, zeros = weight.for_dtype(x.dtype)
