@@ -191,8 +191,8 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     return plan
 
 
-def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
-    """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
+def _checked(x: Any, weight: QuantWeight) -> Any:
+    """``x`` made contiguous, after the checks every entry point makes."""
     import torch
 
     if (not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16)
@@ -203,14 +203,16 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
         raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
     if x.device != weight.packed.device:
         raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
-    x = x.contiguous()
+    return x.contiguous()
+
+
+def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any) -> Any:
+    """Launch the plan ``planner`` makes for this call (GEMM, then split-K epilogue)."""
+    import torch
+
     m, n, k = x.shape[0], weight.n, weight.k
-    if (schedule is None and m > 64 and PREFILL_KERNEL == "quant_gemm_prefill"
-            and math.ceil(m / 256) * (n // 128) >= PREFILL_MIN_BLOCKS):
-        return prefill_quant_linear(x, weight)
-    bf16 = x.dtype == torch.bfloat16
     scales, zeros = weight.for_dtype(x.dtype)
-    gemm, finish = _plan(m, weight, bf16, zeros is not None, schedule)
+    gemm, finish = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None, schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if finish is None:
@@ -220,6 +222,16 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws)
     finish(m * n, ws, y)
     return y
+
+
+def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
+    """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
+    x = _checked(x, weight)
+    m, n = x.shape[0], weight.n
+    if (schedule is None and m > 64 and PREFILL_KERNEL == "quant_gemm_prefill"
+            and math.ceil(m / 256) * (n // 128) >= PREFILL_MIN_BLOCKS):
+        return _run(x, weight, None, _prefill_plan)
+    return _run(x, weight, schedule, _plan)
 
 
 def choose_prefill_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str,
@@ -247,7 +259,7 @@ def _device_arch(device: Any) -> str:
     return f"sm_{major}{minor}"
 
 
-def _prefill_plan(weight: QuantWeight, m: int, bf16: bool, zero_point: bool,
+def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                   schedule: GemmSchedule | None) -> tuple[Any, Any]:
     key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
            schedule)
@@ -285,30 +297,7 @@ def prefill_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | N
                          ) -> Any:
     """:func:`quant_linear` through :func:`~lowvm.kernels.quant_gemm_prefill.quant_gemm_prefill`
     (each weight tile dequantised once per block; meant for M > 64), same weights."""
-    import torch
-
-    if (not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16)
-            or x.dim() != 2):
-        raise LowvmError(f"x must be a 2-D float16 or bfloat16 torch tensor, got "
-                         f"{getattr(x, 'dtype', x)!r} of shape {list(getattr(x, 'shape', []))}")
-    if x.shape[1] != weight.k:
-        raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
-    if x.device != weight.packed.device:
-        raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
-    x = x.contiguous()
-    m, n, k = x.shape[0], weight.n, weight.k
-    scales, zeros = weight.for_dtype(x.dtype)
-    gemm, finish = _prefill_plan(weight, m, x.dtype == torch.bfloat16, zeros is not None,
-                                 schedule)
-    zeros = scales if zeros is None else zeros  # not read without zero_point
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if finish is None:
-        gemm(m, n, k, x, weight.packed, scales, zeros, y, _dummy(x.device))
-        return y
-    ws = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws)
-    finish(m * n, ws, y)
-    return y
+    return _run(_checked(x, weight), weight, schedule, _prefill_plan)
 
 
 _DUMMIES: dict[Any, Any] = {}
