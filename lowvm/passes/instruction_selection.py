@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowvm.dtypes import bfloat16, float16, int8, uint8
-from lowvm.expr import Const, Expr, as_expr
+from lowvm.expr import Expr
 from lowvm.instructions.dot import Dot
 from lowvm.instructions.memory import CopyAsync, LoadShared
 from lowvm.ir import Program, RegisterTensor, SharedTensor
@@ -193,8 +193,7 @@ def _select(inst):
     if isinstance(inst, Dot):
         plan = mma_plan(inst.a, inst.b, inst.c)
         return inst if plan is None else dataclasses.replace(inst, impl=plan)
-    if isinstance(inst, LoadShared) and all(isinstance(as_expr(o), (Const, Expr))
-                                            for o in inst.offsets):
+    if isinstance(inst, LoadShared):
         plan = ldmatrix_plan(inst.out, inst.src, inst.offsets)
         return inst if plan is None else dataclasses.replace(inst, impl=plan)
     if isinstance(inst, CopyAsync) and isinstance(inst.impl, VectorAccess):
