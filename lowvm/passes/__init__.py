@@ -26,9 +26,9 @@ Pass = Callable[[Program], Program]
 PIPELINE: list[tuple[str, Pass]] = [
     ("verify", verify),
     ("layout_inference", infer_layouts),
+    ("software_pipeline", pipeline_loops),  # before the passes that plan memory accesses
     ("vectorize", vectorize),
     ("instruction_selection", select_instructions),
-    ("software_pipeline", pipeline_loops),
 ]
 
 
