@@ -150,3 +150,22 @@ def test_gpu_matches_float64(wtype, m):
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [32, 64, 1024])  # 1024 = K: one scale per output channel
+@pytest.mark.parametrize("wtype", ["int4", "int3", "float4_e2m1", "uint8"])
+def test_gpu_groups_and_activation_types(group, wtype):
+    import torch
+
+    rng = np.random.default_rng(6)
+    n, k = 128, 1024
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, group)
+    qw = prepare_weight(codes, scales, wtype, group)
+    for m in (1, 37, 300):
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        ref = _reference(x, codes, scales, wtype, group)
+        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+            y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw)
+            assert y.dtype == dtype
+            assert _rel(y.double().cpu().numpy(), ref) < tol, (m, dtype)
