@@ -74,3 +74,13 @@ def test_tiny_model_compile_and_cuda_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, model(static_ids, use_cache=False).logits)
+
+
+def test_types_beyond_float16_take_the_reference_path_with_f16_activations():
+    lin = torch.nn.Linear(256, 128).half()
+    layer = QuantLinear.from_linear(lin, "e5m1", group_size=64).cuda()
+    x = torch.randn(3, 256, dtype=torch.float16, device="cuda")
+    y = layer(x)  # warns once and dequantizes instead of overflowing in the kernel
+    ref = x.double() @ layer.dequantize(torch.float64).t() + layer.bias.double()
+    assert torch.isfinite(y).all()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-3

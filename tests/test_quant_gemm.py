@@ -8,7 +8,13 @@ import pytest
 import lowvm
 from lowvm.dtypes import decode
 from lowvm.errors import LowvmError
-from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear, quantize_to_codes
+from lowvm.kernels.library import (
+    choose_schedule,
+    fits_float16,
+    prepare_weight,
+    quant_linear,
+    quantize_to_codes,
+)
 from lowvm.kernels.quant_gemm import (
     GemmSchedule,
     finish_split,
@@ -169,3 +175,46 @@ def test_gpu_groups_and_activation_types(group, wtype):
             y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw)
             assert y.dtype == dtype
             assert _rel(y.double().cpu().numpy(), ref) < tol, (m, dtype)
+
+
+_LOW_BIT = [t.name for t in lowvm.dtypes.all_dtypes() if t.nbits <= 8 and t.name != "int1"]
+
+
+@pytest.mark.parametrize("wtype", _LOW_BIT)
+def test_interpreter_every_type_group_and_activation_type(wtype):
+    """Every 1..8-bit type x groups 32 / 64 / 128 / per-channel x f16 / bf16 activations."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(7)
+    m, n, k = 3, 64, 256
+    for group in (32, 64, 128, k):
+        codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, group)
+        bk = min(128, group)
+        sched = GemmSchedule(bk=bk)
+        packed = repack_weights(codes, wtype, sched)
+        x = rng.standard_normal((m, k)).astype(np.float16)
+        ref = _reference(x, codes, scales, wtype, group)
+        if not np.linalg.norm(ref):
+            continue  # e.g. uint1 codes of an all-negative group: nothing to compare
+        kernels = [(quant_gemm_bf16, ml_dtypes.bfloat16, 2e-2)]
+        if fits_float16(lowvm.dtype(wtype)):  # else the library refuses f16 (tested below)
+            kernels.append((quant_gemm, np.float16, 2e-3))
+        for program, adt, tol in kernels:
+            y = np.zeros((m, n), adt)
+            lowvm.interpret(program.build(wtype=lowvm.dtype(wtype), group=group,
+                                          **sched.constants()),
+                            m, n, k, x.astype(adt), packed, scales.astype(adt),
+                            scales.astype(adt), y, np.zeros((m, n), np.float32))
+            assert _rel(y.astype(np.float64), ref) < tol, (group, adt)
+
+
+def test_float16_activations_are_refused_for_types_beyond_float16():
+    import torch
+
+    assert not fits_float16(lowvm.dtype("float7_e5m1"))
+    assert fits_float16(lowvm.int8) and fits_float16(lowvm.dtype("float8_e5m2"))
+    codes, scales = quantize_to_codes(np.random.default_rng(8).standard_normal((64, 128)),
+                                      "float7_e5m1", 64)
+    qw = prepare_weight(codes, scales, "float7_e5m1", 64, device="cpu")
+    with pytest.raises(LowvmError, match="bfloat16"):
+        quant_linear(torch.zeros(2, 128, dtype=torch.float16), qw)

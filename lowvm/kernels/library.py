@@ -9,13 +9,14 @@ prefill schedules share one copy of the weights.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from lowvm.dtypes import DType, encode
+from lowvm.dtypes import DType, decode, encode
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
 from lowvm.kernels.quant_gemm import (
@@ -28,6 +29,7 @@ from lowvm.kernels.quant_gemm import (
 )
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
+           "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule"]
 
@@ -203,7 +205,22 @@ def _checked(x: Any, weight: QuantWeight) -> Any:
         raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
     if x.device != weight.packed.device:
         raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
+    if x.dtype == torch.float16 and not fits_float16(weight.wtype):
+        raise LowvmError(f"{weight.wtype.name} weights have values float16 cannot hold "
+                         f"(the kernel converts codes to the activation type before scaling); "
+                         f"use bfloat16 activations for this type")
     return x.contiguous()
+
+
+@functools.cache
+def fits_float16(wtype: DType) -> bool:
+    """True when every value of ``wtype`` is exactly a float16 (e5m1/e6m1 overflow or
+    underflow it; every type of <= 8 bits fits bfloat16)."""
+    codes = np.arange(1 << wtype.nbits, dtype=np.uint64)
+    values = decode(codes, wtype).astype(np.float64)
+    values = values[np.isfinite(values)]
+    with np.errstate(over="ignore"):  # overflowing to inf is the answer "no"
+        return bool(np.array_equal(values.astype(np.float16).astype(np.float64), values))
 
 
 def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any) -> Any:

@@ -17,7 +17,7 @@ import warnings
 
 import torch
 
-from lowvm.kernels.library import QuantWeight, weight_bk
+from lowvm.kernels.library import QuantWeight, fits_float16, weight_bk
 from lowvm.kernels.library import quant_linear as library_quant_linear
 from lowvm.nn.packed import PackedLinear, dequantize
 from lowvm.nn.packing import pack_rows, unpack_rows
@@ -111,8 +111,13 @@ def quant_linear(x2d: torch.Tensor, layer: PackedLinear,
                  kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The forward of one layer on the best path available for these activations."""
     if x2d.is_cuda and x2d.dtype in (torch.float16, torch.bfloat16):
-        return cuda_quant_linear(x2d, layer, kernel_weight)
-    if not x2d.is_cuda:
+        if x2d.dtype == torch.bfloat16 or fits_float16(layer.wtype):
+            return cuda_quant_linear(x2d, layer, kernel_weight)
+        _warn_once(f"f16-{layer.wtype.name}",
+                   f"lowvm: {layer.wtype.name} values exceed float16, which the kernel "
+                   "converts them to; with float16 activations these layers run on the "
+                   "reference path (use bfloat16 for the kernel)")
+    elif not x2d.is_cuda:
         _warn_once("cpu", "lowvm: no CUDA device for these activations; quantized layers run "
                    "on the reference path (dequantize + matmul), which is slow")
     return reference_quant_linear(x2d, layer)
