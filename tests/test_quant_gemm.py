@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import lowvm
+import lowvm.lang as vm
 from lowvm.dtypes import decode
 from lowvm.errors import LowvmError
 from lowvm.kernels.library import (
@@ -217,4 +218,46 @@ def test_float16_activations_are_refused_for_types_beyond_float16():
                                       "float7_e5m1", 64)
     qw = prepare_weight(codes, scales, "float7_e5m1", 64, device="cpu")
     with pytest.raises(LowvmError, match="bfloat16"):
+        quant_linear(torch.zeros(2, 128, dtype=torch.float16), qw)
+
+
+def test_atomic_add_refuses_wrong_types_and_replicated_tiles():
+    from lowvm.ir import ProgramError
+    from lowvm.layouts import reduce, spatial
+
+    @vm.program(warps=1)
+    def add_into(out: vm.ptr[vm.float32], half: vm.ptr[vm.float16], replicated: int = 0,
+                 wrong_type: int = 0):
+        vm.set_grid(1)
+        if wrong_type:
+            tile = vm.register_tensor(vm.float16, [32], vm.spatial(32), init=1.0)
+            vm.atomic_add(vm.global_view(half, [32]), tile, [0])
+        else:
+            layout = reduce(spatial(2, 16), [0]) if replicated else spatial(32)
+            size = 16 if replicated else 32
+            tile = vm.register_tensor(vm.float32, [size], layout, init=1.0)
+            vm.atomic_add(vm.global_view(out, [size]), tile, [0])
+
+    out = np.zeros(32, np.float32)
+    lowvm.interpret(add_into, out, np.zeros(32, np.float16))
+    lowvm.interpret(add_into, out, np.zeros(32, np.float16))
+    assert np.array_equal(out, np.full(32, 2.0, np.float32))  # adds, not stores
+    with pytest.raises(ProgramError, match="float16 into float16"):
+        add_into.build(wrong_type=1)
+    with pytest.raises(ProgramError, match="replicated 2 times"):
+        add_into.build(replicated=1)
+
+
+def test_a_schedule_that_does_not_fit_the_weight_is_refused():
+    import torch
+
+    codes, scales = quantize_to_codes(np.random.default_rng(9).standard_normal((64, 256)),
+                                      "int4", 128)
+    qw = prepare_weight(codes, scales, "int4", 128, device="cpu")
+    x = torch.zeros(2, 256, dtype=torch.float16)
+    with pytest.raises(LowvmError, match="format"):
+        quant_linear(x, qw, GemmSchedule(bk=64))
+    with pytest.raises(LowvmError, match="prefetch"):
+        quant_linear(x, qw, GemmSchedule(split=2, prefetch=4))
+    with pytest.raises(LowvmError, match="columns"):
         quant_linear(torch.zeros(2, 128, dtype=torch.float16), qw)
