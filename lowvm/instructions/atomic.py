@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from lowvm.dtypes import float32, int32
 from lowvm.expr import Expr
 from lowvm.instructions.base import Instruction, register_instruction
-from lowvm.instructions.memory import _global_positions, global_ref
+from lowvm.instructions.memory import _check_offsets, _global_positions, global_ref
 from lowvm.ir import GlobalTensor, RegisterTensor
 
 if TYPE_CHECKING:
@@ -40,9 +40,7 @@ class AtomicAdd(Instruction):
     offsets: tuple[Expr, ...]
 
     def check(self) -> None:
-        if len(self.offsets) != self.dst.rank:
-            raise self.error(f"{len(self.offsets)} offsets given for the rank-"
-                             f"{self.dst.rank} global tensor")
+        _check_offsets(self, self.offsets, self.dst.rank, "global tensor")
         if self.dst.dtype not in ATOMIC_TYPES or self.src.dtype != self.dst.dtype:
             raise self.error(
                 f"adds {self.src.dtype.name} into {self.dst.dtype.name} %{self.dst.name}; "

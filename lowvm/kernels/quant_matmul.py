@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 import lowvm.lang as vm
-from lowvm.dtypes import DType, decode, encode, pack, unpack
+from lowvm.dtypes import DType, decode, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.layouts import permute, reduce
@@ -87,16 +87,11 @@ def quantize_weights(weight: np.ndarray, wtype: DType | str, group: int
     Returns ``(packed [N, K*bits/8] uint8, scales [K/group, N] float16)`` with each
     group's scale = absmax / the type's largest value (largest magnitude for uints).
     """
+    from lowvm.kernels.library import quantize_to_codes
+
     wt = as_dtype(wtype)
-    n, k = weight.shape
-    groups = weight.reshape(n, k // group, group).astype(np.float64)
-    absmax = np.abs(groups).max(axis=2)
-    scales = (absmax / wt.max_value).astype(np.float16)
-    scales[scales == 0] = 1
-    q = groups / scales.astype(np.float64)[..., None]
-    codes = encode(np.clip(q, wt.min_value, wt.max_value).reshape(n, k), wt)
-    packed = np.stack([pack(row, wt) for row in codes])
-    return packed, np.ascontiguousarray(scales.T)
+    codes, scales = quantize_to_codes(weight, wt, group)
+    return np.stack([pack(row, wt) for row in codes]), scales
 
 
 def dequantize_weights(packed: np.ndarray, scales: np.ndarray, wtype: DType | str,
