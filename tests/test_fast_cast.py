@@ -20,7 +20,7 @@ import pytest
 import lowvm
 import lowvm.lang as vm
 from lowvm.codegen import generate_cuda
-from lowvm.codegen.fast_cast import Op, plan_cast, recipe, simulate
+from lowvm.codegen.fast_cast import Op, pair_span, plan_cast, recipe, simulate
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.dtypes import all_dtypes, bfloat16, decode, float16, pack
 from lowvm.interpreter.values import from_codes, to_codes
@@ -193,6 +193,35 @@ def test_four_bit_words_convert_two_lanes_per_lop3():
     assert kinds.count("lop3") == 4 and kinds.count("prmt") == 4
     assert kinds.count("hsub2") + kinds.count("hfma2") == 4
     assert "shf" not in kinds and kinds.count("word") == 1
+
+
+@pytest.mark.parametrize("case", COVERED, ids=_ids)
+def test_reordering_cast_is_exact_and_split_pairs_needs_no_prmt(case):
+    """A relayout cast (destination local l = source local perm[l]) is exact for every
+    type; in the split_pairs order of ``pair_span`` the whole-word casts need no prmt."""
+    src, dst = case
+    rng = np.random.default_rng(src.nbits * 7 + dst.nbits)
+    size = 64
+    span = pair_span(src, dst, size)
+    perms = [rng.permutation(size)]
+    if span:
+        run = np.arange(size).reshape(-1, 2, span // 2)  # source local a*span/2 + i ...
+        perms.append(run.transpose(0, 2, 1).reshape(-1))  # ... is dest 2i + a
+    for perm in perms:
+        ops = plan_cast(src, dst, size, perm)
+        threads = max(1 << src.nbits, 64)
+        codes = _codes(src, size, threads, rng)
+        got = simulate(ops, _stream_words(codes, src, rng), dst, size)
+        want, nan = _expected_bits(codes[:, perm], src, dst)
+        _assert_same_bits(got, want, nan, dst, f"{src.name} -> {dst.name}, permuted")
+    if span:
+        assert src.nbits in (1, 2, 4) and src.is_integer
+        kinds = [op.kind for op in ops]
+        assert "prmt" not in kinds
+        plain = [op.kind for op in plan_cast(src, dst, size)]
+        assert plain.count("prmt") == size // 2  # what the split order saves
+    else:
+        assert not (src.is_integer and src.nbits in (1, 2, 4))
 
 
 def test_a_wrong_constant_is_caught_by_the_model():

@@ -845,3 +845,58 @@ def test_template_interpret_with_constants_and_numpy_bfloat16():
     scale_bf16.interpret(n, xb, np.full(n, 2.0, np.float32), yb)
     np.testing.assert_array_equal(yb.astype(np.float64),
                                   (xb.astype(np.float64) * 2 + 1).astype(ml_dtypes.bfloat16))
+
+
+# ---------------------------------------------------------------------------------------
+# cast with layout=: a per-thread renaming of registers
+
+
+@vm.program(warps=1)
+def cast_reordered(x: vm.ptr[vm.float32], y: vm.ptr[vm.float16], span: int = 4):
+    """y = float16(x) over [16, 8], the cast result in L16x8 from a reordered source."""
+    src = lowvm.layouts.split_pairs(L16x8, span)
+    vm.set_grid(1)
+    gx, gy = vm.global_view(x, [16, 8]), vm.global_view(y, [16, 8])
+    t = vm.load_global(gx, [0, 0], [16, 8], src)
+    vm.store_global(gy, vm.cast(t, vm.float16, layout=L16x8), [0, 0])
+
+
+def test_cast_with_layout_reorders_registers_not_values():
+    """The result holds the same values: only each thread's register order changed."""
+    x = f32(16, 8)
+    y = np.zeros((16, 8), np.float16)
+    lowvm.interpret(cast_reordered, x.reshape(-1), y.reshape(-1))
+    assert np.array_equal(y, x.astype(np.float16))
+    src = lowvm.layouts.split_pairs(L16x8, 4)
+    perm = lowvm.layouts.local_permutation(src, L16x8)
+    assert perm.tolist() == [0, 2, 1, 3]  # L16x8's locals (0, 1) sat at 0 and 2
+
+
+@vm.program(warps=1)
+def cast_moving_data(x: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
+    """Asks the cast to move elements between threads, which a renaming cannot."""
+    vm.set_grid(1)
+    gx, gy = vm.global_view(x, [16, 8]), vm.global_view(y, [16, 8])
+    t = vm.load_global(gx, [0, 0], [16, 8], L16x8)
+    vm.store_global(gy, vm.cast(t, vm.float16, layout=vm.spatial(4, 8).local(4, 1)), [0, 0])
+
+
+def test_cast_with_layout_refuses_moving_elements_between_threads():
+    with pytest.raises(lowvm.ProgramError, match="must give every thread the elements"):
+        cast_moving_data.build()
+
+
+def test_split_pairs_lists_even_then_odd_locals_of_each_run():
+    lay = vm.spatial(8, 4).local(2, 4)  # 8 locals per thread
+    for span in (2, 4, 8):
+        s = lowvm.layouts.split_pairs(lay, span)
+        h = span // 2
+        for run in range(8 // span):
+            for a in range(2):
+                for i in range(h):
+                    assert np.array_equal(s.table[:, run * span + a * h + i],
+                                          lay.table[:, run * span + 2 * i + a])
+    with pytest.raises(lowvm.LayoutError, match="span"):
+        lowvm.layouts.split_pairs(lay, 16)
+    with pytest.raises(lowvm.LayoutError, match="span"):
+        lowvm.layouts.split_pairs(lay, 3)

@@ -24,6 +24,7 @@ from lowvm.kernels.quant_gemm_prefill import (
     quant_gemm_prefill,
     quant_gemm_prefill_bf16,
 )
+from lowvm.layouts import local_permutation
 
 FORMAT = GemmSchedule(bk=128)  # the repacked format prepare_weight makes for group 128
 
@@ -64,8 +65,10 @@ def test_each_thread_views_exactly_the_values_of_its_bytes(wtype, bn, threads):
     per_thread = stored[flat[..., 0], flat[..., 1]]  # each thread's bytes in local order
     vals = lowvm.dtypes.unpack(per_thread.reshape(-1), wt, pl.values.size).reshape(
         threads, -1)
-    where = pl.values.table  # (k, n) of each value
+    where = pl.stored.table  # (k, n) of each value, in the stored order
     assert np.array_equal(vals, codes[where[..., 1], where[..., 0]])
+    # the cast to the MMA order renames each thread's registers, the same way in all
+    assert local_permutation(pl.stored, pl.values) is not None
     # the format itself: deinterleaving gives the 128 format threads' streams
     assert deinterleave_chunks(stored, pl.format).shape[1] == pl.format.bytes_per_thread
 

@@ -75,7 +75,8 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.instructions.data import Cast
 
-__all__ = ["Op", "Recipe", "recipe", "plan_cast", "simulate", "emit_fast_cast", "LOP3_AND_XOR"]
+__all__ = ["Op", "Recipe", "recipe", "plan_cast", "pair_span", "simulate", "emit_fast_cast",
+           "LOP3_AND_XOR"]
 
 #: ``lop3`` truth table of ``(a & b) ^ c`` (a = 0xF0, b = 0xCC, c = 0xAA).
 LOP3_AND_XOR = (0xF0 & 0xCC) ^ 0xAA
@@ -84,7 +85,6 @@ LOP3_AND_OR = (0xF0 & 0xCC) | 0xAA
 #: ``a & b`` (c unused).
 LOP3_AND = 0xF0 & 0xCC
 
-_PRMT_LOW_HALVES = 0x5410  # low half of a, low half of b
 _PRMT_HIGH_HALVES = 0x7632  # high half of a, high half of b
 _PRMT_SPLICE = 0x7610  # low half of a, high half of b
 _F32_MAGIC = 0x4B000000  # 2^23
@@ -234,6 +234,7 @@ class _Builder:
         self.rec, self.size = rec, size
         self.ops: list[Op] = []
         self.words: dict[int, str] = {}
+        self.lanes: dict[int, tuple[str, int]] = {}  # source local -> (value, lane)
         self.count = 0
 
     def op(self, kind: str, args: tuple[Operand, ...] = (), imm: tuple[int, ...] = ()) -> str:
@@ -262,7 +263,36 @@ class _Builder:
         return self.op("shf", (self.word(k), self.word(k + 1)), (s,))
 
     def store(self, value: str, local: int, pair: bool) -> None:
-        self.ops.append(Op("store2" if pair else "store1", "", (value,), (local,)))
+        """Record that ``value``'s lanes hold locals ``local`` (and ``local + 1``)."""
+        self.lanes[local] = (value, 0)
+        if pair:
+            self.lanes[local + 1] = (value, 1)
+
+    def assemble(self, perm: np.ndarray | None) -> None:
+        """The stores: destination locals ``2q, 2q + 1`` are source locals ``perm[2q]``,
+        ``perm[2q + 1]``; one 32-bit store where one value already holds them in order,
+        else a ``prmt`` of their lanes first."""
+        for l0 in range(0, self.size, 2):
+            pair = l0 + 1 < self.size
+            dst = (l0, l0 + 1)[:1 + pair]
+            srcs = [int(perm[d]) if perm is not None else d for d in dst]
+            held = [self.lanes[s] for s in srcs]
+            if pair and held[0] == (held[1][0], 0) and held[1][1] == 1:
+                self.ops.append(Op("store2", "", (held[0][0],), (l0,)))
+                continue
+            if not pair and held[0][1] == 0:
+                self.ops.append(Op("store1", "", (held[0][0],), (l0,)))
+                continue
+            # byte selectors: lane 0 is bytes 0-1, lane 1 bytes 2-3 (of a; 4-7: of b)
+            a = held[0][0]
+            b = held[-1][0]
+            second = held[-1][1] * 2 + (0 if b == a else 4)
+            first = held[0][1] * 2
+            sel = first | (first + 1) << 4 | second << 8 | (second + 1) << 12
+            self.count += 1
+            name = f"v{self.count}"
+            self.ops.append(Op("prmt", name, (a, b), (sel,)))
+            self.ops.append(Op("store2" if pair else "store1", "", (name,), (l0,)))
 
 
 def _int_finish(b: _Builder, x: str, t: int) -> str:
@@ -286,18 +316,13 @@ def _plan_int_words(b: _Builder) -> int:
     for k in range(words):
         b.note(f"locals {2 * half * k}..{2 * half * (k + 1) - 1}: word {k}, two lanes at once")
         w, shift, shifted = b.word(k), 0, b.word(k)
-        finished = []
         for i in range(half):
             if i * n - shift > b.rec.max_t():
                 shift = i * n
                 shifted = b.op("shr", (w,), (shift,))
-            finished.append(_int_lanes(b, shifted, i * n - shift))  # locals i, i + half
-        for m in range(0, half, 2):
-            base = 2 * half * k
-            lo = b.op("prmt", (finished[m], finished[m + 1]), (_PRMT_LOW_HALVES,))
-            b.store(lo, base + m, True)
-            hi = b.op("prmt", (finished[m], finished[m + 1]), (_PRMT_HIGH_HALVES,))
-            b.store(hi, base + half + m, True)
+            value = _int_lanes(b, shifted, i * n - shift)  # locals i, i + half
+            b.lanes[2 * half * k + i] = (value, 0)
+            b.lanes[2 * half * k + half + i] = (value, 1)
     return words * 2 * half
 
 
@@ -394,8 +419,13 @@ def _plan_float(b: _Builder) -> None:
         b.store(_float_finish(b, a, False), l0, pair)
 
 
-def plan_cast(src: DType, dst: DType, size: int) -> list[Op] | None:
-    """The operations casting ``size`` locals of ``src`` to ``dst``; None if not covered."""
+def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
+              ) -> list[Op] | None:
+    """The operations casting ``size`` locals of ``src`` to ``dst``; None if not covered.
+
+    ``perm``: destination local ``l`` takes source local ``perm[l]`` (a relayout cast);
+    None is the identity.
+    """
     rec = recipe(src, dst)
     if rec is None or size < 1:
         return None
@@ -408,7 +438,19 @@ def plan_cast(src: DType, dst: DType, size: int) -> list[Op] | None:
         _plan_int8_f16(b)
     else:
         _plan_int_pairs(b, _plan_int_words(b))
+    b.assemble(perm)
     return b.ops
+
+
+def pair_span(src: DType, dst: DType, size: int) -> int | None:
+    """The ``span`` of :func:`lowvm.layouts.split_pairs` in which ``src`` codes decode to
+    ``dst`` register pairs with no ``prmt`` (whole-word casts of 1/2/4-bit integers), or
+    None when the plain order is already as good."""
+    rec = recipe(src, dst)
+    if rec is None or rec.method != "int" or 16 % rec.nbits or rec.nbits == 8:
+        return None
+    span = 32 // rec.nbits
+    return span if size % span == 0 else None
 
 
 # ---------------------------------------------------------------------------------------
@@ -622,10 +664,13 @@ def emit_fast_cast(inst: Cast, cg: CudaContext) -> bool:
     from lowvm.codegen.context import is_packed
 
     src, out = inst.src, inst.out
-    if src.layout is None or out.layout is None or src.layout != out.layout:
+    if src.layout is None or out.layout is None:
+        return False
+    perm = inst.permutation()
+    if perm is None:
         return False
     size = out.layout.local_size
-    ops = plan_cast(src.dtype, out.dtype, size)
+    ops = plan_cast(src.dtype, out.dtype, size, perm)
     if ops is None:
         return False
     rec = recipe(src.dtype, out.dtype)

@@ -17,7 +17,7 @@ from lowvm.expr import Expr, const_value
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.interpreter.values import quantize, reinterpret
 from lowvm.ir import RegisterTensor
-from lowvm.layouts import permute
+from lowvm.layouts import local_permutation, permute
 
 if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
@@ -89,28 +89,52 @@ class View(Instruction):
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Cast(Instruction):
-    """Convert values to another type (same layout)."""
+    """Convert values to another type (same layout, or with ``relayout`` the same
+    elements per thread in another register order: a renaming, free on the GPU)."""
 
     mnemonic = "cast"
     out: RegisterTensor
     src: RegisterTensor
+    #: ``out`` has its own layout (``vm.cast(..., layout=)``), a per-thread reordering of
+    #: the source's; layout inference leaves the two untied
+    relayout: bool = False
 
     def check(self) -> None:
         known = self.out.layout is not None and self.src.layout is not None
-        if known and self.out.layout != self.src.layout:
-            raise self.error("a cast keeps the layout of its source")
+        if not known:
+            return
+        if not self.relayout and self.out.layout != self.src.layout:
+            raise self.error("a cast keeps the layout of its source (pass layout= to reorder "
+                             "each thread's registers)")
+        if self.relayout and self.permutation() is None:
+            raise self.error(
+                f"cast layout={self.out.layout} must give every thread the elements it holds "
+                f"in {self.src.layout}, reordered the same way in every thread")
+
+    def permutation(self) -> np.ndarray | None:
+        """``perm``: out's local ``l`` is the source's local ``perm[l]`` (None: not one)."""
+        return local_permutation(self.src.layout, self.out.layout)
 
     def interpret(self, st: BlockState) -> None:
-        st.set(self.out, quantize(st.get(self.src), self.out.dtype), check_range=False)
+        values = st.get(self.src)
+        if self.relayout:
+            values = values[:, self.permutation()]
+        st.set(self.out, quantize(values, self.out.dtype), check_range=False)
 
     def emit_cuda(self, cg: CudaContext) -> None:
         from lowvm.codegen.fast_cast import emit_fast_cast  # bit-manipulation casts
         if emit_fast_cast(self, cg):
             return
         cg.line(f"// {self}")
-        cg.line("#pragma unroll")
-        with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
-            cg.line(cg.set(self.out, "l", cg.get(self.src, "l"), self.src.dtype.is_float))
+        perm = self.permutation()
+        if perm is None or (perm == np.arange(perm.size)).all():
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
+                cg.line(cg.set(self.out, "l", cg.get(self.src, "l"), self.src.dtype.is_float))
+            return
+        for dst, src in enumerate(perm):
+            cg.line(cg.set(self.out, str(dst), cg.get(self.src, str(int(src))),
+                           self.src.dtype.is_float))
 
 
 class _SameRegisters:

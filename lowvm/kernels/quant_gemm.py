@@ -7,8 +7,12 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   B-operand layout. A thread's ``load_global`` is then one or a few 16-byte loads, its
   ``view`` reinterprets those bits as its B fragments, and no shuffle through shared
   memory is needed: the weight stream goes global -> registers -> tensor cores.
-- **Dequantisation in registers**: ``cast`` to float16 and one multiply by the group's
-  scale (broadcast along K), right before ``dot`` (``mma.sync``).
+- **Dequantisation in registers**: codes are ``cast`` to float16 (exact) right before
+  ``dot`` (``mma.sync``); the group's scale then multiplies the step's float32 products
+  (``acc += (x @ q) * scale``, the same sum as ``x @ (q * scale)`` since a K step lies in
+  one group): ``bm x bn`` multiplies per step instead of ``bk x bn``. 1/2/4-bit codes are
+  stored in :func:`stored_order`, so the cast's 32-bit lanes are already MMA register
+  pairs.
 - **Activations** ``x`` go through swizzled shared memory (``cp.async`` in, ``ldmatrix``
   out), so they are read from L2 once per block.
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
@@ -30,12 +34,13 @@ from typing import Any
 import numpy as np
 
 import lowvm.lang as vm
+from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
 from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
-from lowvm.layouts import RegisterLayout, local, reduce, spatial, swizzle_128b
+from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs, swizzle_128b
 
 __all__ = ["quant_gemm", "quant_gemm_bf16", "finish_split", "finish_split_bf16",
            "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
@@ -71,7 +76,7 @@ class WeightLayouts:
     rows: int  # threads with distinct bytes (warps along N x 32)
     chunk: int  # bytes per load instruction (16, 8 or 4)
     packed: RegisterLayout  # uint8 [vectors * rows, chunk]: vector v of thread t at row v*rows+t
-    values: RegisterLayout  # wtype [bk, bn] = mma.b
+    values: RegisterLayout  # wtype [bk, bn]: mma.b's elements in stored order (stored_order)
 
     @property
     def vectors(self) -> int:
@@ -103,7 +108,16 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
     # load instruction of a warp reads 32 consecutive chunks (fully used sectors)
     packed = local(nbytes // chunk, 1) * (reduce(spatial(warps_m, rows, 1), [0])
                                           * local(1, chunk))
-    return WeightLayouts(lay, nbytes, rows, chunk, packed, lay.b)
+    return WeightLayouts(lay, nbytes, rows, chunk, packed, stored_order(lay.b, wtype, adtype))
+
+
+def stored_order(values: RegisterLayout, wtype: DType, adtype: DType) -> RegisterLayout:
+    """The order a thread's codes are stored in: ``values`` (the MMA order), or for
+    1/2/4-bit integers its :func:`~lowvm.layouts.split_pairs` order, in which the
+    whole-word cast yields MMA register pairs directly (no ``prmt``); ``cast(...,
+    layout=values)`` turns one into the other by renaming registers."""
+    span = pair_span(wtype, adtype, values.local_size)
+    return values if span is None else split_pairs(values, span)
 
 
 def interleave_chunks(per_thread: Any, lw: WeightLayouts) -> Any:
@@ -140,7 +154,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
     gs = vm.global_view(scales, [k // group, n])
     gz = vm.global_view(zeros, [k // group, n])
-    group_layout = reduce(lay.b, [0], keepdims=True)
+    group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
+    scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
 
     # the 128-byte swizzle keeps ldmatrix conflict-free; rows under 128 bytes stay plain
     swizzled = bk * adtype.nbits // 8 >= 128
@@ -158,7 +173,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
         row = (kt * n_tiles + vm.block_index(0)) * lw.tile_rows
         g = [kt * bk // group, col0]
         data = [vm.load_global(gw, [row, 0], [lw.tile_rows, lw.chunk], lw.packed),
-                vm.load_global(gs, g, [1, bn], group_layout)]
+                vm.load_global(gs, g, [1, bn], scale_layout)]
         if zero_point:
             data.append(vm.load_global(gz, g, [1, bn], group_layout))
         return data
@@ -176,12 +191,14 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
         vm.sync()
         for j in range(prefetch):
             packed, scale, *zero = bufs[j]
-            wk = vm.cast(vm.view(packed, wtype, lw.values), adtype)
+            wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=lay.b)
             if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
                 wk = wk - zero[0]
-            wk = wk * scale
             xa = vm.load_shared(sx, lay.a, [0, j * bk], [bm, bk])
-            vm.dot(xa, wk, acc, out=acc)
+            # the step's group scale multiplies the f32 products (bm x bn per block),
+            # not the f16 weights (bk x bn): fewer multiplies, and no f16 rounding of w
+            part = vm.dot(xa, wk, vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0))
+            vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
             for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()

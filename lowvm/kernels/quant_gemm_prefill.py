@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import lowvm.lang as vm
+from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
@@ -44,6 +45,7 @@ from lowvm.layouts import (
     permute,
     reduce,
     spatial,
+    split_pairs,
     swizzle_128b,
 )
 
@@ -80,7 +82,8 @@ class PrefillLayouts:
     format: WeightLayouts  # the repacked format (one 64-column tile, 128 threads)
     tiles: int  # format tiles side by side in the block's bn columns
     packed: RegisterLayout  # uint8 [tiles * format.tile_rows, format.chunk]
-    values: RegisterLayout  # wtype [bk, bn]: each thread's bits of ``packed`` as values
+    values: RegisterLayout  # wtype [bk, bn]: each thread's values, in MMA B order
+    stored: RegisterLayout  # the same values in the order of ``packed``'s bits
 
     @property
     def tile_rows(self) -> int:
@@ -133,7 +136,13 @@ def prefill_layouts(wtype: DType, bn: int, bk: int, threads: int,
                   * local(1, chunk))
     part_b = block_mma_layouts(16, FORMAT_BN, bk // q, 1, FORMAT_WARPS_N, adtype).b
     values = spatial(1, fs) * local(1, fl) * spatial(q, 1) * part_b
-    return PrefillLayouts(fmt, tiles, packed, values)
+    # a part is whole runs of the format's stored order (split_pairs spans are 32-bit words)
+    span = pair_span(wtype, adtype, fmt.mma.b.local_size)
+    if span is not None and part_b.local_size % span:
+        raise ProgramError(f"quant_gemm_prefill: {q} parts per format thread split its "
+                           f"32-bit words of {wtype.name} codes; use fewer threads")
+    stored = values if span is None else split_pairs(values, span)
+    return PrefillLayouts(fmt, tiles, packed, values, stored)
 
 
 def shared_b_layout(buffers: int, bn: int, bk: int, adtype: DType) -> SharedLayout:
@@ -198,7 +207,7 @@ def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DTy
     def dequant_store(data, buf) -> None:
         """Convert one step's weights once and store them as the shared B tile ``buf``."""
         packed, scale, *zero = data
-        wk = vm.cast(vm.view(packed, wtype, pl.values), adtype)
+        wk = vm.cast(vm.view(packed, wtype, pl.stored), adtype, layout=pl.values)
         if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
             wk = wk - zero[0]
         # stored as B^T [bn, bk] (a relabelling of registers): K runs along the last dim,

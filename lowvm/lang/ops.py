@@ -353,12 +353,19 @@ def view(x: RegisterTensor, dtype: DType | str, layout: RegisterLayout | None = 
     return out
 
 
-def cast(x: RegisterTensor, dtype: DType | str, out: RegisterTensor | None = None
-         ) -> RegisterTensor:
-    """Convert to ``dtype`` (round to nearest even, saturating)."""
+def cast(x: RegisterTensor, dtype: DType | str, out: RegisterTensor | None = None,
+         layout: RegisterLayout | None = None) -> RegisterTensor:
+    """Convert to ``dtype`` (round to nearest even, saturating).
+
+    ``layout``: the result's layout, when it is ``x``'s elements per thread in another
+    register order (checked); the reordering is a renaming, so a cast can hand its
+    result straight to an instruction that wants that order (e.g. an MMA operand).
+    """
     x = _tile(x, "cast")
-    out = _out_or_new(out, as_dtype(dtype), x.shape, x.layout, "cast")
-    current().emit(Cast(out=out, src=x, loc=_loc()))
+    if layout is not None and not isinstance(layout, RegisterLayout):
+        raise _fail(f"cast: layout must be a RegisterLayout, got {layout!r}")
+    out = _out_or_new(out, as_dtype(dtype), x.shape, layout or x.layout, "cast")
+    current().emit(Cast(out=out, src=x, relayout=layout is not None, loc=_loc()))
     return out
 
 

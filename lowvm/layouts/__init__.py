@@ -14,9 +14,11 @@ from lowvm.layouts.register import (
     compose,
     concat,
     local,
+    local_permutation,
     permute,
     reduce,
     spatial,
+    split_pairs,
 )
 from lowvm.layouts.shared import (
     SharedLayout,
@@ -38,6 +40,8 @@ __all__ = [
     "reduce",
     "concat",
     "permute",
+    "split_pairs",
+    "local_permutation",
     "MmaLayouts",
     "mma_layouts",
     "MMA_SHAPES",

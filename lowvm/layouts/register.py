@@ -21,7 +21,10 @@ Everything else is built from four primitives and three combinators:
   more significant ones;
 * ``reduce(layout, dims)``: the layout of the tile reduced over ``dims``, the threads
   that held the reduced elements now holding replicas;
-* ``concat(a, b)``: a layout of rank ``rank(a) + rank(b)``, ``a``'s dims first.
+* ``concat(a, b)``: a layout of rank ``rank(a) + rank(b)``, ``a``'s dims first;
+* ``split_pairs(a, span)``: ``a``'s elements per thread, locals reordered so that each run
+  of ``span`` lists ``a``'s even locals, then its odd ones (how packed codes are stored so
+  that one 32-bit word yields register pairs without byte shuffles).
 
 Two layouts are equal when they map every ``(thread, local)`` to the same index.
 """
@@ -48,6 +51,8 @@ __all__ = [
     "reduce",
     "concat",
     "permute",
+    "split_pairs",
+    "local_permutation",
 ]
 
 
@@ -471,3 +476,74 @@ def permute(layout: RegisterLayout, dims: Sequence[int]) -> RegisterLayout:
         local_modes=tuple(renumber[m] for m in layout.local_modes),
         recipe=recipe,
     )
+
+
+def split_pairs(layout: RegisterLayout, span: int) -> RegisterLayout:
+    """``layout`` with each run of ``span`` locals reordered: even locals first, then odd.
+
+    Local ``a * span/2 + i`` (``a`` in 0, 1) of the result is local ``2 * i + a`` of
+    ``layout`` within the same run; threads and elements are unchanged. Why: a bit-trick
+    cast of 1/2/4-bit codes decodes lanes 0 and 1 of a 32-bit word from codes ``i`` and
+    ``i + span/2`` of that word; stored in this order, those two codes are a register
+    pair ``(2i, 2i + 1)`` of ``layout`` and need no byte permutation. ``span`` must be a
+    power of two dividing the local size, and the low ``log2(span)`` bits of the local
+    index must come from power-of-two local modes.
+    """
+    if span < 2 or span & (span - 1) or layout.local_size % span:
+        raise LayoutError(
+            f"split_pairs: span must be a power of two >= 2 dividing the local size "
+            f"{layout.local_size}, got {span!r}"
+        )
+    # split every local mode into size-2 modes (same dim, same place: strides are kept)
+    pieces: dict[int, list[int]] = {}
+    mode_shape: list[tuple[int, ...]] = []
+    sizes_out: list[int] = []
+    local_set = set(layout.local_modes)
+    m = 0
+    for modes in layout.mode_shape:
+        dim_sizes: list[int] = []
+        for size in modes:
+            if m in local_set and size & (size - 1) == 0:
+                bits = size.bit_length() - 1
+                pieces[m] = list(range(len(sizes_out), len(sizes_out) + bits))
+                sizes_out.extend([2] * bits)
+                dim_sizes.extend([2] * bits)
+            else:
+                pieces[m] = [len(sizes_out)]
+                sizes_out.append(size)
+                dim_sizes.append(size)
+            m += 1
+        mode_shape.append(tuple(dim_sizes))
+    digits = [p for mode in layout.local_modes for p in pieces[mode]]
+    low = span.bit_length() - 1
+    if len(digits) < low or any(sizes_out[d] != 2 for d in digits[-low:]):
+        raise LayoutError(
+            f"split_pairs: the low {low} bits of {layout}'s local index are not all "
+            "power-of-two local modes"
+        )
+    run = digits[-low:]
+    digits = digits[:-low] + [run[-1]] + run[:-1]
+    spatial_modes = tuple(pieces[s][0] if s >= 0 else s for s in layout.spatial_modes)
+    recipe = f"split_pairs({layout.recipe}, {span})" if layout.recipe else ""
+    return RegisterLayout(layout.shape, tuple(mode_shape), spatial_modes, tuple(digits),
+                          recipe=recipe)
+
+
+def local_permutation(src: RegisterLayout, dst: RegisterLayout) -> np.ndarray | None:
+    """``perm`` with ``dst``'s local ``l`` = ``src``'s local ``perm[l]`` in every thread.
+
+    None when the two layouts do not give every thread the same elements, or reorder them
+    differently in different threads (then no register renaming turns one into the other).
+    """
+    if (src.shape != dst.shape or src.num_threads != dst.num_threads
+            or src.local_size != dst.local_size):
+        return None
+    order_src = np.argsort(src.flat_table, axis=1, kind="stable")
+    sorted_src = np.take_along_axis(src.flat_table, order_src, axis=1)
+    pos = np.searchsorted(sorted_src[0], dst.flat_table[0])
+    if (pos >= src.local_size).any():
+        return None
+    perm = order_src[0][pos]
+    if not np.array_equal(src.flat_table[:, perm], dst.flat_table):
+        return None
+    return perm

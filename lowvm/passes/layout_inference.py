@@ -284,6 +284,8 @@ class _Solver:
     # one instruction's constraints ------------------------------------------------------
     def apply(self, inst: Instruction, seed: bool) -> bool:
         """Derive what ``inst`` implies from the layouts known so far (True on progress)."""
+        if isinstance(inst, Cast) and inst.relayout:
+            return False  # the result's layout is given, not the source's
         if isinstance(inst, (Cast, Assign)):
             return self._same(inst, inst.src, inst.out,
                               f"{inst.mnemonic}: the result has the layout of the source")
