@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_gptq",
            "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
-           "LowvmFallbackWarning"]
+           "WeightFormatError", "LowvmFallbackWarning"]
 
 _WHERE = {
     "QuantLinear": "lowvm.nn.quant_linear",
@@ -24,6 +24,7 @@ _WHERE = {
     "QuantizationError": "lowvm.nn.errors",
     "ActivationError": "lowvm.nn.errors",
     "CheckpointImportError": "lowvm.nn.errors",
+    "WeightFormatError": "lowvm.nn.errors",
     "LowvmFallbackWarning": "lowvm.nn.backend",
 }
 

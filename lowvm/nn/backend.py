@@ -3,10 +3,9 @@
 :func:`quant_linear` picks the path for one call: :func:`cuda_quant_linear` (the
 library's ``quant_gemm``, :mod:`lowvm.kernels.library`) for float16/bfloat16 activations
 on a CUDA device, otherwise the reference path (dequantize, then matmul in float32).
-:class:`~lowvm.nn.quant_linear.QuantLinear` stores the plain format (``qweight [N,
-K*bits/8]`` bit-stream rows, ``scales``/``zeros [K/group, N]``), which is what checkpoints
-hold; the kernel's repacked copy (:func:`repack_for_kernel`) is kept by the layer as its
-``kernel_weight`` buffer, remade whenever ``qweight`` changes through the layer.
+:class:`~lowvm.nn.quant_linear.QuantLinear` stores its codes once, already in the
+kernel's repacked layout (:mod:`lowvm.nn.kernel_format`), so the kernel reads the layer's
+``qweight`` as it is and the reference path unpacks it on each call.
 :func:`shape_problem` states the kernel's shape rules for the checks made before any
 weight is quantized.
 """
@@ -20,10 +19,8 @@ import torch
 from lowvm.kernels.library import QuantWeight, fits_float16, weight_bk
 from lowvm.kernels.library import quant_linear as library_quant_linear
 from lowvm.nn.packed import PackedLinear, dequantize
-from lowvm.nn.packing import pack_rows, unpack_rows
 
-__all__ = ["quant_linear", "cuda_quant_linear", "repack_for_kernel", "reference_quant_linear",
-           "shape_problem",
+__all__ = ["quant_linear", "cuda_quant_linear", "reference_quant_linear", "shape_problem",
            "LowvmFallbackWarning", "IN_FEATURES_MULTIPLE", "OUT_FEATURES_MULTIPLE",
            "GROUP_MULTIPLE"]
 
@@ -58,6 +55,10 @@ def shape_problem(in_features: int, out_features: int, group_size: int) -> str |
     if group_size % GROUP_MULTIPLE:
         return (f"group_size={group_size} is not a multiple of {GROUP_MULTIPLE} "
                 "(the kernel steps K by a multiple of 16 inside each group)")
+    bk = weight_bk(group_size, in_features)
+    if group_size % bk or in_features % bk:  # the layer stores its weight in bk-wide tiles
+        return (f"group_size={group_size} and in_features={in_features} must both be "
+                f"multiples of the kernel's K step bk={bk} (min(128, group_size))")
     return None
 
 
@@ -69,37 +70,12 @@ def reference_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tens
     return y.to(x2d.dtype)
 
 
-def repack_for_kernel(layer: PackedLinear) -> torch.Tensor:
-    """The layer's codes repacked for ``quant_gemm`` (torch, on the weight's device)."""
-    from lowvm.kernels.quant_gemm import (
-        GemmSchedule,
-        interleave_chunks,
-        repack_index,
-        schedule_layouts,
-    )
-
-    k, n, nbits = layer.in_features, layer.out_features, layer.wtype.nbits
-    bk = weight_bk(layer.group_size, k)
-    codes = unpack_rows(layer.qweight, nbits, k)  # [N, K] uint8
-    schedule = GemmSchedule(bk=bk)
-    rows, cols = repack_index(layer.wtype, n, schedule)
-    rows_t = torch.tensor(rows, device=codes.device)
-    cols_t = torch.tensor(cols, device=codes.device)
-    values = cols.shape[1]
-    tiles = [pack_rows(codes[rows_t, kt * bk + cols_t].reshape(-1, values), nbits)
-             for kt in range(k // bk)]
-    return interleave_chunks(torch.cat(tiles), schedule_layouts(layer.wtype, schedule))
-
-
-def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear,
-                      kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
+def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     """``x2d [M, K]`` float16/bfloat16 on CUDA -> ``y [M, N]`` through ``quant_gemm``
     (zero points are applied inside the kernel; the bias is added after).
-    ``kernel_weight`` is :func:`repack_for_kernel` of the layer, made here when None."""
-    if kernel_weight is None:
-        kernel_weight = repack_for_kernel(layer)
+    ``layer.qweight`` is already the kernel's repacked weight."""
     n, k = layer.out_features, layer.in_features
-    weight = QuantWeight(kernel_weight, layer.scales, layer.wtype, layer.group_size, n, k,
+    weight = QuantWeight(layer.qweight, layer.scales, layer.wtype, layer.group_size, n, k,
                          weight_bk(layer.group_size, k), layer.zeros)
     y = library_quant_linear(x2d.contiguous(), weight)
     if layer.bias is not None:
@@ -107,12 +83,11 @@ def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear,
     return y
 
 
-def quant_linear(x2d: torch.Tensor, layer: PackedLinear,
-                 kernel_weight: torch.Tensor | None = None) -> torch.Tensor:
+def quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     """The forward of one layer on the best path available for these activations."""
     if x2d.is_cuda and x2d.dtype in (torch.float16, torch.bfloat16):
         if x2d.dtype == torch.bfloat16 or fits_float16(layer.wtype):
-            return cuda_quant_linear(x2d, layer, kernel_weight)
+            return cuda_quant_linear(x2d, layer)
         _warn_once(f"f16-{layer.wtype.name}",
                    f"lowvm: {layer.wtype.name} values exceed float16, which the kernel "
                    "converts them to; with float16 activations these layers run on the "

@@ -21,6 +21,9 @@ kernel. Each group must then hold exactly ``group_size`` channels (as GPTQ produ
 int32 ``[G, N/8]`` pack 8 output channels per word in the interleaved order: nibble i
 (bits 4i..4i+3) of word c holds channel ``8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]``. Zeros are
 stored as they are. The "GEMV" variant (packed along K) is not accepted.
+
+Both importers unpack the codes and hand them to :meth:`QuantLinear.set_codes`, which
+repacks them into the GPU kernel's layout (the one copy the layer keeps).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import sys
 import torch
 
 from lowvm.nn.errors import CheckpointImportError
-from lowvm.nn.packing import pack_rows, unpack_rows
+from lowvm.nn.packing import unpack_rows
 from lowvm.nn.quant_linear import QuantLinear
 
 __all__ = ["from_gptq", "from_awq", "AWQ_ORDER"]
@@ -118,18 +121,12 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     if checkpoint_format == "gptq":
         zeros = zeros + 1  # v1 stored zero - 1
     rows = _word_bytes(qweight.t())  # [N, K*bits/8]: column n's codes, in K order
-    with torch.no_grad():
-        if perm is None:
-            layer.qweight.copy_(rows)
-        else:
-            codes = unpack_rows(rows, bits, k)[:, perm.to(rows.device)]
-            layer.qweight.copy_(pack_rows(codes, bits))
-            assert layer.input_perm is not None
-            layer.input_perm.copy_(perm)
-        layer.scales.copy_(scales)
-        assert layer.zeros is not None
-        layer.zeros.copy_(zeros)
-        if bias is not None and layer.bias is not None:
+    codes = unpack_rows(rows, bits, k)
+    if perm is not None:
+        codes = codes[:, perm.to(codes.device)]
+    layer.set_codes(codes, scales, zeros, perm)  # repacked into the kernel's layout
+    if bias is not None and layer.bias is not None:
+        with torch.no_grad():
             layer.bias.copy_(bias)
     return layer
 

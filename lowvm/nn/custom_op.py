@@ -20,18 +20,16 @@ __all__ = ["quant_linear_op"]
 @torch.library.custom_op("lowvm::quant_linear", mutates_args=())
 def quant_linear_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                     zeros: torch.Tensor | None, bias: torch.Tensor | None, wtype: str,
-                    group_size: int, kernel_weight: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+                    group_size: int) -> torch.Tensor:
     """``x [M, K]`` -> ``[M, N]``: ``x @ dequant(W)^T + bias`` (see PackedLinear);
-    ``kernel_weight`` is qweight repacked for the GPU kernel (made when None)."""
+    ``qweight`` is in the GPU kernel's repacked layout."""
     layer = PackedLinear(qweight, scales, zeros, bias, as_dtype(wtype), group_size,
                          int(x.shape[1]))
-    return backend.quant_linear(x, layer, kernel_weight)
+    return backend.quant_linear(x, layer)
 
 
 @quant_linear_op.register_fake
 def _quant_linear_fake(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
                        zeros: torch.Tensor | None, bias: torch.Tensor | None, wtype: str,
-                       group_size: int, kernel_weight: torch.Tensor | None = None
-                       ) -> torch.Tensor:
+                       group_size: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], scales.shape[1]))

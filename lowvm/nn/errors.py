@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from lowvm.errors import LowvmError
 
-__all__ = ["QuantizationError", "ActivationError", "CheckpointImportError"]
+__all__ = ["QuantizationError", "ActivationError", "CheckpointImportError", "WeightFormatError"]
 
 
 class QuantizationError(LowvmError, ValueError):
@@ -22,3 +22,8 @@ class ActivationError(LowvmError, TypeError):
 
 class CheckpointImportError(LowvmError, ValueError):
     """GPTQ/AWQ tensors whose shapes, dtypes or bit width do not fit the format."""
+
+
+class WeightFormatError(LowvmError, ValueError):
+    """Saved packed weights in a format this lowvm does not store: another version of the
+    kernel's repacked layout, or the plain bit-stream rows of older lowvm checkpoints."""

@@ -7,6 +7,9 @@
 * a checkpoint saved from a lowvm model records every layer's format in
   ``config.quantization_config.modules``; a plain ``from_pretrained(path)`` then builds empty
   ``QuantLinear`` layers of those formats before the packed tensors are loaded into them.
+  The packed tensors are in the GPU kernel's repacked layout; each entry's
+  ``kernel_format`` names that layout's version, and a checkpoint of another version is
+  refused (:class:`~lowvm.nn.errors.WeightFormatError`) before any layer is built.
 
 Only hooks present in both transformers 5.17 and 5.23 are used:
 ``_process_model_before/after_weight_loading``, ``update_dtype``, ``is_serializable``.
@@ -88,6 +91,24 @@ def _shell(linear: nn.Linear, entry: Mapping[str, Any], name: str) -> nn.Module:
                        bias_dtype=dt if dt in (torch.float16, torch.bfloat16) else torch.float16)
 
 
+def _check_recorded_format(shell: nn.Module, entry: Mapping[str, Any], name: str) -> None:
+    """The checkpoint's packed weights must be in the kernel format this lowvm stores."""
+    from lowvm.nn.errors import WeightFormatError
+
+    expected = shell.kernel_format.fingerprint
+    recorded = entry.get("kernel_format")
+    if recorded == expected:
+        return
+    why = (f"was saved in kernel format {recorded}" if recorded is not None else
+           "records no kernel format (a checkpoint of older lowvm, which saved plain "
+           "bit-stream rows)")
+    raise WeightFormatError(f"LowvmConfig.modules[{name!r}]: the checkpoint's layer {why}; "
+                            f"this lowvm stores {entry.get('dtype')} weights of that group "
+                            f"size as format {expected}. Quantize the dense model again, or "
+                            "load the checkpoint with the lowvm that saved it and move the "
+                            "codes over (QuantLinear.codes() there, set_codes here)")
+
+
 class LowvmHfQuantizer(HfQuantizer):
     """Builds lowvm layers for ``from_pretrained`` (see the module docstring)."""
 
@@ -110,6 +131,8 @@ class LowvmHfQuantizer(HfQuantizer):
                                     f"nn.Linear for: {missing[:5]}; the checkpoint does not "
                                     "match this model class")
         shells = {name: _shell(modules[name], entry, name) for name, entry in entries.items()}
+        for name, shell in shells.items():  # before any swap: a refusal changes nothing
+            _check_recorded_format(shell, entries[name], name)
         for name, shell in shells.items():
             parent, _, child = name.rpartition(".")
             setattr(modules[parent] if parent else model, child, shell)

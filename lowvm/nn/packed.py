@@ -12,15 +12,18 @@ from typing import NamedTuple
 import torch
 
 from lowvm.dtypes import DType
-from lowvm.nn.packing import unpack_rows, value_table
+from lowvm.kernels.library import weight_bk
+from lowvm.nn.kernel_format import kernel_format
+from lowvm.nn.packing import value_table
 
-__all__ = ["PackedLinear", "dequantize"]
+__all__ = ["PackedLinear", "unpack_codes", "dequantize"]
 
 
 class PackedLinear(NamedTuple):
     """``y = x @ dequant(W)^T + bias``; ``dequant(W)[n, k] = (q - zero[g, n]) * scale[g, n]``.
 
-    ``qweight [N, K*bits/8]`` uint8: each row the dense bit stream of its K codes;
+    ``qweight`` uint8: the codes ``q [N, K]`` in the GPU kernel's repacked layout (the
+    one copy a layer holds, on any device; see :mod:`lowvm.nn.kernel_format`);
     ``scales [K/group, N]`` float16; ``zeros [K/group, N]`` float16 holding integer codes
     (None for symmetric types); ``bias [N]`` or None.
     """
@@ -37,10 +40,21 @@ class PackedLinear(NamedTuple):
     def out_features(self) -> int:
         return int(self.scales.shape[1])
 
+    @property
+    def bk(self) -> int:
+        """The K tile of the repacked format (it depends on the group size)."""
+        return weight_bk(self.group_size, self.in_features)
+
+
+def unpack_codes(layer: PackedLinear) -> torch.Tensor:
+    """The codes ``[N, K]`` (uint8, stored K order) on the weight's device."""
+    return kernel_format(layer.wtype, layer.bk).unpack(layer.qweight, layer.out_features,
+                                                       layer.in_features)
+
 
 def dequantize(layer: PackedLinear, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The dense weight ``[N, K]``: exact in float32 (codes x fp16 scales fit in 24 bits)."""
-    codes = unpack_rows(layer.qweight, layer.wtype.nbits, layer.in_features)
+    codes = unpack_codes(layer)
     values = value_table(layer.wtype, layer.qweight.device)[codes.long()]  # [N, K] float32
     n, k, group = layer.out_features, layer.in_features, layer.group_size
     values = values.view(n, k // group, group)

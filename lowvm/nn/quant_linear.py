@@ -1,10 +1,32 @@
 """``QuantLinear``: a drop-in replacement for ``torch.nn.Linear`` with low-bit weights.
 
-It holds the packed weights, float16 group scales, optional zero points, an optional
-bias and, for GPTQ act-order checkpoints, the input permutation that makes groups
-contiguous. Everything is a persistent buffer, so ``state_dict()``, ``save_pretrained``
-and ``.to(device)`` work as for any module; scales and zero points keep float16 when the
-model is cast (``model.to(torch.bfloat16)`` would otherwise round them a second time).
+It holds the packed weights (``qweight``: the codes in the GPU kernel's repacked layout,
+see :mod:`lowvm.nn.kernel_format`; the one copy of the weight, on every device), float16
+group scales, optional zero points, an optional bias and, for GPTQ act-order
+checkpoints, the input permutation that makes groups contiguous. These five are the
+module's only buffers, all persistent, so ``state_dict()``, ``save_pretrained`` and
+``.to(device)`` work as for any module and move each tensor once; scales and zero
+points keep float16 when the model is cast (``model.to(torch.bfloat16)`` would otherwise
+round them a second time). The reference (CPU) path unpacks the codes on each call.
+
+**Checkpoint format: the repacked layout, with a record of its version.** ``state_dict()``
+holds ``qweight`` exactly as stored, not converted to plain bit-stream rows. Why:
+
+- saving and loading are plain copies. Converting would allocate a second copy of every
+  weight whenever a state dict is made (on the GPU, for a whole model at once in
+  ``save_pretrained``), and transformers' loader assigns checkpoint tensors to buffers
+  directly (``setattr``, bypassing ``_load_from_state_dict``), so a converted format would
+  need a fix-up pass after every ``from_pretrained``.
+- the price: a checkpoint is tied to the kernel's format, which changes with the kernel
+  library. So every layer records the format's fingerprint (a hash of the library's own
+  output on probe weights, :attr:`KernelFormat.fingerprint`): as ``_extra_state`` (8
+  bytes, uint8) in its state dict and as ``kernel_format`` in :meth:`layer_config` (which
+  ``LowvmConfig.modules`` saves). A ``qweight`` whose record differs or is missing (a
+  checkpoint from before a format change, or from older lowvm, which saved plain
+  ``[N, K*bits/8]`` rows) raises :class:`~lowvm.nn.errors.WeightFormatError` before any
+  buffer changes, instead of loading bytes the kernel would misread. The codes
+  themselves stay portable: :meth:`QuantLinear.codes` gives them, :meth:`set_codes`
+  takes them.
 """
 
 from __future__ import annotations
@@ -14,12 +36,14 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from lowvm.dtypes import DType
+from lowvm.kernels.library import weight_bk
 from lowvm.nn import custom_op  # noqa: F401  (registers torch.ops.lowvm.quant_linear)
-from lowvm.nn.errors import ActivationError, QuantizationError
-from lowvm.nn.packed import PackedLinear, dequantize
-from lowvm.nn.packing import pack_rows
+from lowvm.nn.errors import ActivationError, QuantizationError, WeightFormatError
+from lowvm.nn.kernel_format import KernelFormat, kernel_format
+from lowvm.nn.packed import PackedLinear, dequantize, unpack_codes
 from lowvm.nn.quantize import quantize_weight
 from lowvm.nn.spec import QuantSpec, make_spec
 
@@ -43,7 +67,8 @@ class QuantLinear(nn.Module):
                  bias: bool = False, act_order: bool = False,
                  device: torch.device | str | None = None,
                  bias_dtype: torch.dtype = torch.float16) -> None:
-        """An empty layer (zeros) of this format: fill it with ``load_state_dict``."""
+        """An empty layer (all-zero bytes): fill it with ``load_state_dict`` or
+        :meth:`set_codes`."""
         super().__init__()
         for name, value in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -53,10 +78,9 @@ class QuantLinear(nn.Module):
                                          out_features)
         self.in_features, self.out_features = in_features, out_features
         groups = in_features // self.spec.group_size
-        row_bytes = in_features * self.spec.wtype.nbits // 8
         kw: dict[str, Any] = {"device": device}
-        self.register_buffer("qweight", torch.zeros(out_features, row_bytes, dtype=torch.uint8,
-                                                    **kw))
+        shape = self.kernel_format.shape(out_features, in_features)
+        self.register_buffer("qweight", torch.zeros(shape, dtype=torch.uint8, **kw))
         self.register_buffer("scales", torch.ones(groups, out_features, dtype=torch.float16,
                                                   **kw))
         self.register_buffer("zeros", torch.zeros(groups, out_features, dtype=torch.float16,
@@ -65,10 +89,6 @@ class QuantLinear(nn.Module):
                              if bias else None)
         self.register_buffer("input_perm", torch.arange(in_features, **kw)
                              if act_order else None)
-        # the GPU kernel's repacked copy of qweight: derived, never saved, remade whenever
-        # qweight changes through this class (set_codes, load_state_dict, .to/.cuda)
-        self.register_buffer("kernel_weight", None, persistent=False)
-        self._refresh_kernel_weight()
 
     @property
     def wtype(self) -> DType:
@@ -103,32 +123,98 @@ class QuantLinear(nn.Module):
             layer.bias.copy_(linear.bias.detach())
         return layer
 
+    @property
+    def kernel_format(self) -> KernelFormat:
+        """The repacked layout ``qweight`` is stored in (it depends on type and group)."""
+        return kernel_format(self.spec.wtype, weight_bk(self.spec.group_size,
+                                                        self.in_features))
+
     @torch.no_grad()
     def set_codes(self, codes: torch.Tensor, scales: torch.Tensor,
                   zeros: torch.Tensor | None, input_perm: torch.Tensor | None = None) -> None:
-        """Store ``codes [N, K]`` (uint8, in input order after ``input_perm``) and scales."""
-        self.qweight.copy_(pack_rows(codes.to(self.qweight.device), self.spec.wtype.nbits))
+        """Store ``codes [N, K]`` (integers < 2**bits, in input order after ``input_perm``),
+        ``scales [K/group, N]``, ``zeros`` (layers with zero points) and the permutation
+        (act-order layers). Everything is checked, and repacked, before any buffer changes."""
+        where = "QuantLinear.set_codes"
+        n, k, nbits = self.out_features, self.in_features, self.spec.wtype.nbits
+        if (not isinstance(codes, torch.Tensor) or codes.shape != (n, k)
+                or codes.dtype.is_floating_point or codes.dtype.is_complex):
+            raise QuantizationError(f"{where}: codes must be an integer tensor of shape "
+                                    f"({n}, {k}); got {_describe(codes)}")
+        if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << nbits):
+            raise QuantizationError(f"{where}: codes of {self.spec.wtype.name} lie in "
+                                    f"[0, {(1 << nbits) - 1}]; got values in "
+                                    f"[{int(codes.min())}, {int(codes.max())}]")
+        _check_like(where, "scales", scales, self.scales)
+        if self.zeros is None:
+            if zeros is not None:
+                raise QuantizationError(f"{where}: this {self.spec.wtype.name} layer is "
+                                        "symmetric (no zero points); zeros must be None")
+        elif zeros is None:
+            raise QuantizationError(f"{where}: this layer has zero points; zeros must be "
+                                    "given")
+        else:
+            _check_like(where, "zeros", zeros, self.zeros)
+        if input_perm is not None:
+            if self.input_perm is None:
+                raise QuantizationError(f"{where}: input_perm given, but the layer was built "
+                                        "without act_order=True")
+            _check_like(where, "input_perm", input_perm, self.input_perm)
+        packed = self.kernel_format.repack(codes.to(device=self.qweight.device,
+                                                    dtype=torch.uint8))
+        self.qweight.copy_(packed)
         self.scales.copy_(scales)
-        if self.zeros is not None:
-            if zeros is None:
-                raise QuantizationError("QuantLinear.set_codes: this layer has zero points; "
-                                        "zeros must be given")
+        if self.zeros is not None and zeros is not None:
             self.zeros.copy_(zeros)
         if self.input_perm is not None and input_perm is not None:
             self.input_perm.copy_(input_perm)
-        self._refresh_kernel_weight()
 
-    @torch.no_grad()
-    def _refresh_kernel_weight(self) -> None:
-        """Repack ``qweight`` for the GPU kernel (on CUDA only; None elsewhere)."""
-        from lowvm.nn.backend import repack_for_kernel
+    def codes(self) -> torch.Tensor:
+        """The codes ``[out_features, in_features]`` (uint8, stored K order, i.e. after
+        ``input_perm``), unpacked from ``qweight`` on its device."""
+        return unpack_codes(self.packed())
 
-        self.kernel_weight = (repack_for_kernel(self.packed()) if self.qweight.is_cuda
-                              else None)
+    def get_extra_state(self) -> torch.Tensor:
+        """The format record saved beside ``qweight``: the fingerprint's 8 bytes."""
+        return torch.frombuffer(bytearray.fromhex(self.kernel_format.fingerprint),
+                                dtype=torch.uint8)
 
-    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
-        super()._load_from_state_dict(*args, **kwargs)
-        self._refresh_kernel_weight()
+    def set_extra_state(self, state: Any) -> None:
+        self._check_format(state, None)
+
+    def _check_format(self, record: Any, qweight: Any) -> None:
+        """Raise WeightFormatError unless ``record`` names this layer's kernel format."""
+        fmt = self.kernel_format
+        got = _fingerprint(record)
+        if got == fmt.fingerprint:
+            return
+        where = (f"QuantLinear ({self.spec.wtype.name}, group_size={self.spec.group_size}, "
+                 f"[{self.out_features}, {self.in_features}])")
+        fix = ("quantize the dense model again, or load the checkpoint with the lowvm that "
+               "saved it and move the codes over (QuantLinear.codes() there, set_codes here)")
+        if got is not None:
+            raise WeightFormatError(f"{where}: the saved qweight is in kernel format {got}, but"
+                                    f" this lowvm stores these weights as {fmt.fingerprint} "
+                                    f"(the GPU kernel's repacked layout changed since the "
+                                    f"checkpoint was saved); {fix}")
+        plain = (self.out_features, self.in_features * self.spec.wtype.nbits // 8)
+        if isinstance(qweight, torch.Tensor) and tuple(qweight.shape) == plain:
+            found = (f"a qweight of shape {plain}: plain bit-stream rows, the format of lowvm "
+                     "checkpoints before weights were stored repacked")
+        else:
+            found = f"a qweight without a format record (got {_describe(record)})"
+        raise WeightFormatError(f"{where}: the state dict holds {found}; this lowvm stores "
+                                f"qweight in the kernel's repacked layout, format "
+                                f"{fmt.fingerprint}, recorded as '{_EXTRA_STATE_KEY_SUFFIX}';"
+                                f" {fix}")
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
+                              *args: Any, **kwargs: Any) -> None:
+        # checked before the base class copies anything, so a refused load changes nothing
+        if prefix + "qweight" in state_dict:
+            self._check_format(state_dict.get(prefix + _EXTRA_STATE_KEY_SUFFIX),
+                               state_dict[prefix + "qweight"])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def packed(self) -> PackedLinear:
         """The tensors every forward path works from (in stored K order)."""
@@ -161,8 +247,7 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         y = torch.ops.lowvm.quant_linear(x.reshape(-1, self.in_features), self.qweight,
                                          self.scales, self.zeros, self.bias,
-                                         self.spec.wtype.name, self.spec.group_size,
-                                         self.kernel_weight)
+                                         self.spec.wtype.name, self.spec.group_size)
         return y.reshape(*lead, self.out_features)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
@@ -181,20 +266,18 @@ class QuantLinear(nn.Module):
             merged = {**self._buffers, **kept}
             self._buffers.clear()
             self._buffers.update((name, merged[name]) for name in order)
-        if (self.kernel_weight is None) == self.qweight.is_cuda:  # moved to or from CUDA
-            self._refresh_kernel_weight()
         return self
 
     def layer_config(self) -> dict[str, Any]:
         """Everything needed to rebuild an empty layer of this format (JSON-able)."""
         return {**self.spec.to_dict(), "bias": self.bias is not None,
-                "act_order": self.input_perm is not None}
+                "act_order": self.input_perm is not None,
+                "kernel_format": self.kernel_format.fingerprint}
 
     def weight_bytes(self) -> int:
-        """Bytes held by the layer (packed weights, scales, zeros, bias, permutation; the
-        kernel's repacked copy is the same bytes in another order and is not counted)."""
-        return sum(b.numel() * b.element_size() for name, b in self.named_buffers(
-            recurse=False) if name != "kernel_weight")
+        """Bytes the layer holds: packed weights (one copy), scales, zeros, bias and
+        permutation, i.e. every buffer."""
+        return sum(b.numel() * b.element_size() for b in self.buffers(recurse=False))
 
     def extra_repr(self) -> str:
         s = self.spec
@@ -207,3 +290,26 @@ def _bias_dtype(linear: nn.Linear) -> torch.dtype:
     """The linear's float16/bfloat16 dtype; float32 layers get float16 biases."""
     dt = linear.weight.dtype
     return dt if dt in _ACTIVATION_DTYPES else torch.float16
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
+    return repr(value) if value is None else type(value).__name__
+
+
+def _check_like(where: str, name: str, value: Any, buffer: torch.Tensor) -> None:
+    """``value`` must be a tensor of ``buffer``'s shape (its dtype is converted on copy)."""
+    if not isinstance(value, torch.Tensor) or value.shape != buffer.shape:
+        raise QuantizationError(f"{where}: {name} must be a tensor of shape "
+                                f"{tuple(buffer.shape)}; got {_describe(value)}")
+
+
+def _fingerprint(record: Any) -> str | None:
+    """The hex fingerprint a saved format record holds, or None if it holds none."""
+    if isinstance(record, str):
+        return record
+    if (isinstance(record, torch.Tensor) and record.dtype == torch.uint8 and record.dim() == 1
+            and not record.is_meta):
+        return bytes(record.tolist()).hex()
+    return None
