@@ -63,7 +63,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "kv_heads": 8, "vocab": 128256, "max_positions": 8192,
                   "rope_theta": 500000.0},
 }
-MODES = ("eager", "graphs")
+MODES = ("eager", "graphs", "loop")
+LOOP_ATTR = "_serving_decode_loop"  # where measure() keeps a loop mode's DecodeLoop
 SAMPLE_TOKENS = 16  # greedy tokens of the fixed prompt kept per model (eager, cheap)
 
 
@@ -87,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-sizes", default="1,16", help="comma-separated batch sizes")
     p.add_argument("--prompt-len", type=int, default=16, help="prompt tokens")
     p.add_argument("--modes", default="auto",
-                   help="comma-separated eager,graphs (auto: both on cuda, eager on cpu)")
+                   help="comma-separated eager,graphs,loop (auto: all three on cuda, "
+                        "eager,loop on cpu)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement")
     p.add_argument("--forward-steps", type=int, default=50,
                    help="graphs mode: compiled decode forwards timed alone (0: off)")
@@ -96,6 +98,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend of graphs mode (inductor: CUDA graphs)")
+    p.add_argument("--loop-compile", default="auto",
+                   help="loop mode: torch.compile mode of the decode step, one without "
+                        "inductor CUDA graphs (default, max-autotune-no-cudagraphs), or off "
+                        "(auto: default on cuda, off on cpu); backend: --compile-backend")
+    p.add_argument("--no-loop-capture", action="store_true",
+                   help="loop mode on cuda: run the step as plain calls, no CUDA graph")
     p.add_argument("--time-budget", type=float,
                    help="seconds after which no new measurement starts (skipped, recorded)")
     p.add_argument("--seed", type=int, default=0)
@@ -120,7 +128,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         bad = [m for m in args.mode_list if m not in MODES]
         if bad or not args.mode_list:
             p.error(f"--modes takes {', '.join(MODES)} (comma-separated); got {args.modes!r}")
+    if args.loop_compile not in ("auto", "off"):
+        modes = loop_compile_modes()
+        if args.loop_compile not in modes:
+            p.error(f"--loop-compile takes auto, off or a torch.compile mode without CUDA "
+                    f"graphs ({', '.join(modes)}); got {args.loop_compile!r}")
     return args
+
+
+def loop_compile_modes() -> list[str]:
+    """torch.compile modes of this torch that leave CUDA graphs to the caller: the loop
+    captures its step itself, and inductor's own graphs would nest inside that capture."""
+    from torch._inductor import list_mode_options
+
+    return [mode for mode, options in list_mode_options().items()
+            if not options.get("triton.cudagraphs", False)]
+
+
+def loop_compile_mode(args: argparse.Namespace, device: str) -> str | None:
+    """The mode loop mode compiles its step with, or None (plain calls)."""
+    if args.loop_compile == "auto":
+        return "default" if device == "cuda" else None
+    return None if args.loop_compile == "off" else args.loop_compile
 
 
 # ---------------------------------------------------------------------------------------
@@ -201,10 +230,14 @@ def weight_bytes(model: torch.nn.Module) -> dict[str, int]:
 
 
 def release(model: Any) -> None:
-    """Drop the compiled forward transformers keeps on the model and torch's compile state
-    (graphs, CUDA graph pools), so the next model compiles fresh and memory is freed."""
+    """Drop the compiled forward transformers keeps on the model, the ``loop`` mode's decode
+    loop and torch's compile state (graphs, CUDA graph pools), so the next model compiles
+    fresh and memory is freed."""
     for attr in ("_compiled_call", "_last_compile_config"):
         model.__dict__.pop(attr, None)
+    loop = model.__dict__.pop(LOOP_ATTR, None)
+    if loop is not None:
+        loop.close()  # the CUDA graph's private memory pool, the compiled step, the cache
     torch._dynamo.reset()
     gc.collect()
     if torch.cuda.is_available():
@@ -307,25 +340,182 @@ def forward_ms(model: Any, ids: torch.Tensor, cache: Any, compile_cfg: CompileCo
     return 1e3 * seconds / steps
 
 
+class DecodeLoop:
+    """Greedy decoding of ``ids`` by our own loop: one prefill, then one step per token.
+
+    Why: ``generate`` runs its per-token logic (stopping criteria, logits processors, cache
+    and mask bookkeeping) in Python outside the compiled forward, ~2-2.7 ms per token on an
+    H100 for an 8B model, which caps any kernel speed-up. Serving engines capture the whole
+    decode step instead; this loop does the same. The prefill is one eager forward of the
+    prompt into a transformers ``StaticCache`` (length prompt + ``tokens``); a step is the
+    forward of one token per sequence + argmax, reading the static ``ids``/``pos`` buffers
+    and writing ``next``. The cache keeps its write position in a device tensor that the
+    step advances in place, so a replayed step needs no host bookkeeping. ``capture()``
+    (CUDA) warms the step up on a side stream and captures it in one ``CUDAGraph``; each
+    token is then two device copies into the static inputs, one replay and one copy out.
+    Without ``capture()`` (the CPU path, or a diagnostic) the same step runs as plain calls.
+    ``compile_mode`` (not None) compiles the step first with ``torch.compile(fullgraph=True,
+    dynamic=False)``; the mode must not use inductor's own CUDA graphs, which would nest.
+    As ``generate`` with ``min_new_tokens`` does, end-of-sequence ids are never chosen, so a
+    run makes exactly the tokens asked for. Tokens stay on the device (no per-token read
+    back, no stopping check): the loop measures the decode step, not a streaming server.
+    """
+
+    warmup_steps = 3  # side-stream runs before capture (lazy loads, autotuning, compile)
+
+    def __init__(self, model: Any, ids: torch.Tensor, tokens: int,
+                 compile_mode: str | None = None, backend: str = "inductor") -> None:
+        from transformers import StaticCache
+
+        batch, prompt_len = ids.shape
+        device = ids.device
+        self.model, self.prompt, self.tokens = model, ids, tokens
+        self.cache = StaticCache(config=model.config, max_cache_len=prompt_len + tokens)
+        self.prompt_pos = torch.arange(prompt_len, device=device).repeat(batch, 1)
+        # step i (1 <= i < tokens) feeds token i-1 at position prompt_len + i - 1
+        self.step_pos = (prompt_len + torch.arange(tokens, device=device)).repeat(batch, 1)
+        self.ids = torch.zeros(batch, 1, dtype=torch.long, device=device)  # static inputs
+        self.pos = torch.zeros(batch, 1, dtype=torch.long, device=device)
+        self.next = torch.zeros(batch, 1, dtype=torch.long, device=device)  # static output
+        self.out = torch.zeros(batch, tokens, dtype=torch.long, device=device)
+        eos = model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        self.banned = torch.tensor(eos, dtype=torch.long, device=device) if eos else None
+        self.step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._forward_pick
+        if compile_mode is not None:
+            self.step_fn = torch.compile(
+                self._forward_pick, fullgraph=True, dynamic=False, backend=backend,
+                mode=compile_mode if backend == "inductor" else None)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.build_s: float | None = None  # capture(): warm-up (compilation) + capture
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy token of each row of ``logits`` [batch, vocab], as [batch, 1]."""
+        if self.banned is not None:
+            logits = logits.index_fill(-1, self.banned, float("-inf"))
+        return logits.argmax(-1, keepdim=True)
+
+    def _forward_pick(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache,
+                            use_cache=True).logits
+        return self._pick(logits[:, -1])
+
+    def _step(self) -> None:
+        """The decode step (what the graph holds): ``ids`` at ``pos`` -> ``next``."""
+        self.next.copy_(self.step_fn(self.ids, self.pos))
+
+    def _run_step(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._step()
+
+    def _prefill(self) -> None:
+        self.cache.reset()  # zeroes the cache and its write position, in place
+        logits = self.model(input_ids=self.prompt, position_ids=self.prompt_pos,
+                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
+        self.out[:, :1].copy_(self._pick(logits[:, -1]))
+
+    def _decode(self, i: int) -> None:
+        """Token ``i`` from token ``i - 1``."""
+        self.ids.copy_(self.out[:, i - 1:i])
+        self.pos.copy_(self.step_pos[:, i - 1:i])
+        self._run_step()
+        self.out[:, i:i + 1].copy_(self.next)
+
+    @torch.no_grad()
+    def capture(self) -> None:
+        """Warm the step up on a side stream, then capture it in one CUDA graph.
+
+        Each warm-up run prefills first, so the cache's write position never passes the
+        room left for the tokens asked for (an out-of-range write would be a device fault).
+        """
+        start = time.perf_counter()
+        if self.tokens > 1:
+            self._prefill()  # the cache is allocated here, on the current stream
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup_steps):
+                    self._prefill()
+                    self._decode(1)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._step()
+            self.graph = graph
+        torch.cuda.synchronize()
+        self.build_s = time.perf_counter() - start
+
+    @torch.no_grad()
+    def __call__(self, tokens: int) -> torch.Tensor:
+        """The first ``tokens`` greedy tokens [batch, tokens] (a fresh tensor)."""
+        if not 1 <= tokens <= self.tokens:
+            raise ValueError(f"tokens must be in [1, {self.tokens}] (the cache's room); "
+                             f"got {tokens}")
+        self._prefill()
+        for i in range(1, tokens):
+            self._decode(i)
+        return self.out[:, :tokens].clone()
+
+    @torch.no_grad()
+    def step_ms(self, count: int, device: str) -> float | None:
+        """Milliseconds of one decode step run alone (a graph replay once captured), after a
+        prefill; ``count`` is capped by the room left in the cache."""
+        count = min(count, self.tokens - 1)
+        if count < 1:
+            return None
+        self._prefill()
+        self._run_step()  # one untimed step
+        self._prefill()
+        seconds, _ = timed(lambda: [self._run_step() for _ in range(count)], device)
+        return 1e3 * seconds / count
+
+    def close(self) -> None:
+        """Free the graph's memory pool and drop the compiled step and the cache."""
+        if self.graph is not None:
+            self.graph.reset()
+        self.graph = None
+        self.step_fn = self._forward_pick
+        self.cache = None
+
+
 def measure(model: Any, ids: torch.Tensor, mode: str, tokens: int, args: argparse.Namespace,
             device: str) -> tuple[dict[str, Any], torch.Tensor]:
     """One (model, batch, mode) speed row, and the generated tokens of the last run."""
     from transformers import StaticCache
 
-    graphs = mode == "graphs"
+    graphs, loop = mode == "graphs", None
     cfg = compile_config(args, device) if graphs else None
     cache = (StaticCache(config=model.config, max_cache_len=ids.shape[1] + tokens)
              if graphs else None)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     before = _compile_counters()
-    first_s, _ = timed(lambda: generate(model, ids, tokens, cache, cfg), device)
-    generate(model, ids, 1, cache, cfg)
+    if mode == "loop":
+        loop = DecodeLoop(model, ids, tokens, loop_compile_mode(args, device),
+                          args.compile_backend)
+        model.__dict__[LOOP_ATTR] = loop  # release() frees its graph pool
+        capture = device == "cuda" and not args.no_loop_capture
+
+        def first() -> torch.Tensor:
+            if capture:
+                loop.capture()  # compilation (on the first warm-up step) and capture
+            return loop(tokens)
+
+        run_n: Callable[[int], torch.Tensor] = loop
+    else:
+        def run_n(n: int) -> torch.Tensor:
+            return generate(model, ids, n, cache, cfg)[:, ids.shape[1]:]
+
+        def first() -> torch.Tensor:
+            return run_n(tokens)
+    first_s, out = timed(first, device)
+    run_n(1)
     ones, fulls = [], []
-    out = ids
     for _ in range(args.repeats):
-        ones.append(timed(lambda: generate(model, ids, 1, cache, cfg), device)[0])
-        seconds, out = timed(lambda: generate(model, ids, tokens, cache, cfg), device)
+        ones.append(timed(lambda: run_n(1), device)[0])
+        seconds, out = timed(lambda: run_n(tokens), device)
         fulls.append(seconds)
     prefill, full = statistics.median(ones), statistics.median(fulls)
     batch = ids.shape[0]
@@ -344,9 +534,14 @@ def measure(model: Any, ids: torch.Tensor, mode: str, tokens: int, args: argpars
             row["forward_ms"] = forward_ms(model, ids, cache, cfg, args.forward_steps, device)
         except Exception as exc:  # noqa: BLE001
             row["forward_ms_error"] = f"{type(exc).__name__}: {exc}"
+    if loop is not None:
+        row["cuda_graph"] = loop.graph is not None
+        row["loop_build_s"] = loop.build_s  # warm-up (incl. compilation) + capture
+        if args.forward_steps > 0:
+            row["forward_ms"] = loop.step_ms(args.forward_steps, device)
     if device == "cuda":
         row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
-    return row, out[:, ids.shape[1]:].cpu()
+    return row, out.cpu()
 
 
 def quality(dense: Any, quant: Any, ids: torch.Tensor) -> dict[str, float]:
@@ -386,7 +581,11 @@ class Run:
                         "dynamic": False, "mode": "reduce-overhead"
                         if args.compile_backend == "inductor" else None,
                         "cuda_graphs": device == "cuda"
-                        and args.compile_backend == "inductor"},
+                        and args.compile_backend == "inductor",
+                        "loop": {"mode": loop_compile_mode(args, device),
+                                 "backend": args.compile_backend, "fullgraph": True,
+                                 "dynamic": False, "cuda_graph": device == "cuda"
+                                 and not args.no_loop_capture}},
             "command": sys.argv[1:], "models": {}, "speed": [], "errors": [],
         }
 
@@ -446,7 +645,7 @@ def measure_row(run: Run, row: dict[str, Any], model: Any, ids: torch.Tensor,
                 tokens_by_mode: dict[str, torch.Tensor]) -> None:
     """Fill ``row`` with one measurement (or the error that stopped it)."""
     args, mode = run.args, row["mode"]
-    tokens = args.new_tokens if mode == "graphs" else eager_tokens(args)
+    tokens = eager_tokens(args) if mode == "eager" else args.new_tokens
     try:
         measured, out = measure(model, ids, mode, tokens, args, run.device)
     except Exception as exc:  # noqa: BLE001  (recorded; the run goes on)
@@ -454,12 +653,17 @@ def measure_row(run: Run, row: dict[str, Any], model: Any, ids: torch.Tensor,
         run.error(f"{row['model']} batch {row['batch']} {mode}", exc)
         return
     row.update(measured)
+    # the same greedy tokens as the modes measured before (eager vs graphs vs loop)?
+    same = {other: leading_equal(out, earlier) for other, earlier in tokens_by_mode.items()}
     tokens_by_mode[mode] = out
-    if len(tokens_by_mode) == 2:  # the same greedy tokens with and without graphs?
-        row["leading_tokens_equal_other_mode"] = leading_equal(*tokens_by_mode.values())
+    if same:
+        row["leading_tokens_equal"] = same
+    if len(same) == 1:  # the key of two-mode runs, kept for earlier readers of the JSON
+        row["leading_tokens_equal_other_mode"] = next(iter(same.values()))
+    agree = "".join(f", same tokens as {other}: {n}" for other, n in same.items())
     print(f"{row['model']:8s} batch {row['batch']:3d} {mode:6s} decode "
           f"{row['decode_tokens_per_s']:9.1f} tok/s  e2e {row['e2e_tokens_per_s']:9.1f} "
-          f"tok/s  first call {row['first_call_s']:.1f} s", flush=True)
+          f"tok/s  first call {row['first_call_s']:.1f} s{agree}", flush=True)
 
 
 def sample_tokens(model: Any, ids: torch.Tensor, tokenizer: Any, count: int) -> Any:
@@ -511,7 +715,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" \
         else args.device
     modes = getattr(args, "mode_list", None) or (list(MODES) if device == "cuda"
-                                                 else ["eager"])
+                                                 else ["eager", "loop"])
     warnings.filterwarnings("ignore", category=lowvm.nn.LowvmFallbackWarning)
     run = Run(args, device)
     run.result["modes"] = modes

@@ -1,0 +1,207 @@
+"""The serving example's ``loop`` mode: our own greedy decode loop over a static cache, one
+CUDA graph per decode step on a GPU, plain calls on the CPU (what CI runs here)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import runpy
+import sys
+
+import pytest
+import torch
+from transformers import StaticCache
+
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+
+EXAMPLE = "serving_examples/quantize_and_generate.py"
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
+    """The example's functions (run without ``__main__``: nothing executes)."""
+    return runpy.run_path(EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def models(example) -> dict:
+    """The tiny random Llama in float16 and its int4 copy (group 64), on the CPU."""
+    torch.manual_seed(0)
+    dense = example["init_random"](example["random_config"](example["parse_args"]([])), "cpu")
+    quant, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
+    return {"float16": dense, "int4": quant}
+
+
+def static_generate(example, model, ids: torch.Tensor, tokens: int) -> torch.Tensor:
+    """``generate``'s greedy tokens with a StaticCache (not compiled on the CPU)."""
+    cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + tokens)
+    return example["generate"](model, ids, tokens, cache)[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("name", ["float16", "int4"])
+def test_loop_tokens_equal_generate_with_static_cache(example, models, name):
+    model = models[name]
+    ids = example["prompts"](2, 6, model.config.vocab_size, "cpu", 3)
+    loop = example["DecodeLoop"](model, ids, 8)
+    first = loop(8)
+    assert first.shape == (2, 8)
+    assert torch.equal(first, static_generate(example, model, ids, 8))
+    assert torch.equal(loop(8), first)  # each run resets the cache: the same tokens again
+    assert torch.equal(loop(3), first[:, :3]) and torch.equal(loop(1), first[:, :1])
+    assert loop.graph is None  # no capture on the CPU: plain calls
+
+
+def test_loop_tokens_equal_generate_with_dynamic_cache_in_float32(example, models):
+    """In float32 the static cache's padded attention rounds like the dynamic cache's, so
+    the loop gives exactly ``generate``'s default greedy tokens."""
+    model = copy.deepcopy(models["float16"]).float()
+    ids = example["prompts"](2, 5, model.config.vocab_size, "cpu", 4)
+    want = example["generate"](model, ids, 10)[:, ids.shape[1]:]
+    assert torch.equal(example["DecodeLoop"](model, ids, 10)(10), want)
+
+
+def test_loop_never_picks_end_of_sequence_like_min_new_tokens(example, models):
+    model = copy.deepcopy(models["float16"])
+    ids = example["prompts"](1, 6, model.config.vocab_size, "cpu", 5)
+    model.generation_config.eos_token_id = None
+    free = example["DecodeLoop"](model, ids, 6)(6)
+    model.generation_config.eos_token_id = [int(free[0, 0]), 2]  # the loop's first choice
+    banned = example["DecodeLoop"](model, ids, 6)(6)
+    assert int(banned[0, 0]) != int(free[0, 0])
+    assert not torch.isin(banned, torch.tensor([int(free[0, 0]), 2])).any()
+    assert torch.equal(banned, static_generate(example, model, ids, 6))
+
+
+def test_compiled_step_traces_in_one_graph(example, models):
+    """The step compiles with fullgraph=True (the eager backend here: no inductor on CI),
+    through the lowvm custom op, without graph breaks, and gives the same tokens."""
+    from torch._dynamo.utils import counters
+
+    model = models["int4"]
+    ids = example["prompts"](2, 6, model.config.vocab_size, "cpu", 6)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        compiled = example["DecodeLoop"](model, ids, 5, compile_mode="default",
+                                         backend="eager")
+        assert compiled.step_fn is not compiled._forward_pick
+        tokens = compiled(5)
+        assert counters["stats"]["unique_graphs"] >= 1
+        assert sum(counters["graph_break"].values()) == 0
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(tokens, example["DecodeLoop"](model, ids, 5)(5))
+
+
+def test_loop_refuses_more_tokens_than_its_cache_holds(example, models):
+    loop = example["DecodeLoop"](models["float16"], torch.zeros(1, 4, dtype=torch.long), 3)
+    with pytest.raises(ValueError, match=r"tokens must be in \[1, 3\].*got 4"):
+        loop(4)
+    with pytest.raises(ValueError, match="got 0"):
+        loop(0)
+
+
+def test_step_ms_times_plain_steps_on_cpu_and_close_drops_state(example, models):
+    model = models["float16"]
+    loop = example["DecodeLoop"](model, torch.ones(1, 4, dtype=torch.long), 4)
+    assert loop.step_ms(50, "cpu") > 0  # capped at the cache's room (3 steps)
+    assert example["DecodeLoop"](model, torch.ones(1, 4, dtype=torch.long), 1).step_ms(
+        5, "cpu") is None  # one token: no decode step at all
+    model.__dict__[example["LOOP_ATTR"]] = loop
+    example["release"](model)
+    assert example["LOOP_ATTR"] not in model.__dict__ and loop.cache is None
+
+
+def test_loop_options(example):
+    parse = example["parse_args"]
+    args = parse(["--modes", "loop,eager"])
+    assert args.mode_list == ["loop", "eager"]
+    assert example["loop_compile_mode"](args, "cuda") == "default"
+    assert example["loop_compile_mode"](args, "cpu") is None
+    args = parse(["--loop-compile", "max-autotune-no-cudagraphs"])
+    assert example["loop_compile_mode"](args, "cpu") == "max-autotune-no-cudagraphs"
+    assert example["loop_compile_mode"](parse(["--loop-compile", "off"]), "cuda") is None
+    modes = example["loop_compile_modes"]()
+    assert "default" in modes and "reduce-overhead" not in modes and "max-autotune" not in modes
+    for bad in (["--loop-compile", "reduce-overhead"], ["--modes", "loops"]):
+        with pytest.raises(SystemExit):
+            parse(bad)
+
+
+def run_example(monkeypatch, *args: str) -> None:
+    monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", *args])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threads only contend
+    try:
+        runpy.run_path(EXAMPLE, run_name="__main__")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_example_loop_rows_beside_eager_and_graphs(tmp_path, monkeypatch, capsys):
+    """All three modes on the CPU (graphs and the loop's step compiled with the eager
+    backend): the same greedy tokens, timed the same way, compared in the JSON."""
+    out = tmp_path / "result.json"
+    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "4",
+                "--batch-sizes", "2", "--prompt-len", "5", "--repeats", "2",
+                "--modes", "eager,graphs,loop", "--compile-backend", "eager",
+                "--loop-compile", "default", "--forward-steps", "2", "--no-fp16-speed",
+                "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["errors"] == []
+    assert result["compile"]["loop"] == {"mode": "default", "backend": "eager",
+                                         "fullgraph": True, "dynamic": False,
+                                         "cuda_graph": False}
+    eager, graphs, loop = result["speed"]
+    assert [r["mode"] for r in (eager, graphs, loop)] == ["eager", "graphs", "loop"]
+    assert graphs["leading_tokens_equal_other_mode"] == 4
+    assert loop["leading_tokens_equal"] == {"eager": 4, "graphs": 4}
+    assert "leading_tokens_equal_other_mode" not in loop  # two others: the dict only
+    assert loop["new_tokens"] == 4 and len(loop["runs_full_s"]) == 2
+    assert loop["full_s"] > loop["prefill_s"] > 0 and loop["decode_tokens_per_s"] > 0
+    assert loop["graphs_compiled"] >= 1 and loop["graph_breaks"] == 0
+    assert loop["cuda_graph"] is False and loop["loop_build_s"] is None
+    assert loop["forward_ms"] > 0
+    table = capsys.readouterr().out.rsplit("device:", 1)[1]
+    assert any(line.startswith("int4         2 loop") for line in table.splitlines())
+
+
+@pytest.mark.gpu
+def test_captured_step_replays_the_compiled_step_on_cuda(example):
+    """On the GPU: the compiled step captured in one CUDA graph gives exactly the tokens of
+    the same step called plainly, and greedy tokens that start like ``generate``'s."""
+    torch.manual_seed(0)
+    dense = example["init_random"](example["random_config"](example["parse_args"]([])),
+                                   "cuda")
+    model, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
+    ids = example["prompts"](2, 7, model.config.vocab_size, "cuda", 7)
+    loop = example["DecodeLoop"](model, ids, 12, compile_mode="default")
+    try:
+        plain = loop(12)
+        loop.capture()
+        assert loop.graph is not None and loop.build_s > 0
+        graphed = loop(12)
+        assert torch.equal(graphed, plain)
+        assert torch.equal(loop(12), graphed)
+        want = example["generate"](model, ids, 12)[:, ids.shape[1]:]
+        assert example["leading_equal"](graphed, want) >= 2  # fused kernels round apart
+        assert loop.step_ms(5, "cuda") > 0
+    finally:
+        loop.close()
+        torch._dynamo.reset()
+    assert loop.graph is None
+
+
+@pytest.mark.gpu
+def test_example_loop_mode_on_cuda(tmp_path, monkeypatch):
+    out = tmp_path / "result.json"
+    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "8",
+                "--batch-sizes", "1", "--repeats", "1", "--modes", "graphs,loop",
+                "--forward-steps", "4", "--no-fp16-speed", "--json", str(out))
+    result = json.loads(out.read_text())
+    assert result["errors"] == [] and result["compile"]["loop"]["cuda_graph"] is True
+    graphs, loop = result["speed"]
+    assert loop["cuda_graph"] is True and loop["graph_breaks"] == 0
+    assert loop["loop_build_s"] > 0 and loop["first_call_s"] >= loop["loop_build_s"]
+    assert loop["leading_tokens_equal"]["graphs"] >= 2
+    assert loop["forward_ms"] > 0 and loop["decode_tokens_per_s"] > 0
