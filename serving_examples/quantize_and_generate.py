@@ -19,15 +19,25 @@ model's int4 + int3 + int2 copies add about 16 GB to its 16 GB). Reported, per m
 * speed at each ``--batch-sizes``, greedy with exactly ``--new-tokens`` tokens from a
   ``--prompt-len``-token prompt, in each of ``--modes`` (batch-major: every model at the
   first batch size and mode before any at the next, so ``--time-budget`` cuts the last):
-  ``eager`` (dynamic cache, no compilation) and ``graphs`` (a transformers ``StaticCache``
+  ``eager`` (dynamic cache, no compilation), ``graphs`` (a transformers ``StaticCache``
   kept across runs + the forward that ``generate`` compiles with ``torch.compile(mode=
-  "reduce-overhead")``, i.e. CUDA graphs on a GPU). Each (model, batch, mode) runs once
-  untimed (``first_call_s``: compilation and graph capture included), then ``--repeats``
-  times a 1-token and an N-token generation; medians give ``prefill_s``,
-  ``decode_tokens_per_s = batch * (N - 1) / (t_N - t_1)`` (the decode rate the issue
-  targets) and ``e2e_tokens_per_s = batch * N / t_N``. In ``graphs`` mode
-  ``forward_ms`` is one compiled decode forward replayed alone (no generate loop), and the
-  graph-break and CUDA-graph-skip counters of torch are recorded.
+  "reduce-overhead")``, i.e. CUDA graphs on a GPU) and ``loop`` (``DecodeLoop``: our own
+  greedy loop, as serving engines run it: an eager prefill into a ``StaticCache``, then
+  each decode step -- forward of one token per sequence + argmax -- is one replay of a
+  CUDA graph captured by hand, the step compiled first with ``torch.compile(fullgraph=
+  True)`` in a mode without inductor's CUDA graphs, ``--loop-compile``; on a CPU the same
+  loop makes plain calls). ``graphs`` pays ``generate``'s per-token Python outside the
+  graph (~2-2.7 ms per token for the 8B model on an H100, which caps the speed-up of
+  faster kernels); ``loop`` does not, so it measures what the model's step costs.
+  Each (model, batch, mode) runs once untimed (``first_call_s``: compilation and graph
+  capture included; ``loop_build_s``: the loop's warm-up, compilation and capture alone),
+  then ``--repeats`` times a 1-token and an N-token generation; medians give
+  ``prefill_s``, ``decode_tokens_per_s = batch * (N - 1) / (t_N - t_1)`` (the decode rate
+  the issue targets) and ``e2e_tokens_per_s = batch * N / t_N``. In ``graphs`` mode
+  ``forward_ms`` is one compiled decode forward replayed alone (no generate loop), in
+  ``loop`` mode one step (forward + argmax) replayed alone; the graph-break and
+  CUDA-graph-skip counters of torch are recorded. Each row records how many leading
+  greedy tokens agree with every mode measured before it (``leading_tokens_equal``).
 
 ``--json OUT`` is rewritten after every measurement (a run cut short keeps what it
 measured); ``--time-budget S`` skips measurements that would start after S seconds; the

@@ -46,17 +46,20 @@ def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
     assert len(int4["generated"]) == 3 and len(fp16["generated"]) == 3
     rows = result["speed"]
     assert [(r["model"], r["batch"], r["mode"]) for r in rows] == [  # batch-major priority
-        ("float16", 1, "eager"), ("int4", 1, "eager"), ("float16", 2, "eager"),
-        ("int4", 2, "eager")]
+        ("float16", 1, "eager"), ("int4", 1, "eager"), ("float16", 1, "loop"),
+        ("int4", 1, "loop"), ("float16", 2, "eager"), ("int4", 2, "eager"),
+        ("float16", 2, "loop"), ("int4", 2, "loop")]  # CPU default modes: eager, loop
     for r in rows:
         assert r["decode_tokens_per_s"] > 0 and r["e2e_tokens_per_s"] > 0
         assert r["full_s"] > r["prefill_s"] > 0 and len(r["runs_full_s"]) == 1
+    for r in rows[2:4] + rows[6:]:  # the loop's greedy tokens start like generate's
+        assert r["leading_tokens_equal"]["eager"] >= 1 and r["cuda_graph"] is False
     assert 0.0 <= int4["quality"]["top1_agreement"] <= 1.0
     assert 0.0 < int4["quality"]["last_logits_rel_error"] < 1.0
     assert result["errors"] == []
     table = capsys.readouterr().out.rsplit("device:", 1)[1]  # the table is printed last
     int4_b2 = next(line for line in table.splitlines() if line.startswith("int4         2"))
-    want = rows[3]["decode_tokens_per_s"] / rows[2]["decode_tokens_per_s"]
+    want = rows[5]["decode_tokens_per_s"] / rows[4]["decode_tokens_per_s"]
     assert f"{want:7.2f}" in int4_b2  # speed-up over float16 at the same batch and mode
 
 
@@ -84,8 +87,9 @@ def test_time_budget_skips_and_records(tmp_path, monkeypatch, capsys):
     run_example(monkeypatch, "--dtype", "int4,int2", "--batch-sizes", "1", "--new-tokens",
                 "2", "--time-budget", "0", "--json", str(out))
     result = json.loads(out.read_text())
-    assert [(r["model"], r.get("skipped", "")[:11]) for r in result["speed"]] == [
-        ("float16", "time budget"), ("int4", "time budget"), ("int2", "time budget")]
+    assert [(r["model"], r["mode"], r.get("skipped", "")[:11]) for r in result["speed"]] == [
+        (model, mode, "time budget") for mode in ("eager", "loop")
+        for model in ("float16", "int4", "int2")]
     assert result["models"]["int2"]["layers_replaced"] == 14  # memory and quality still
     capsys.readouterr()
     run_example(monkeypatch, "--print-table", str(out), str(out))
