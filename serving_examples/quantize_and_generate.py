@@ -102,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "eager,loop on cpu)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement")
     p.add_argument("--forward-steps", type=int, default=50,
-                   help="graphs mode: compiled decode forwards timed alone (0: off)")
+                   help="graphs and loop modes: decode steps replayed alone, timed (0: off)")
     p.add_argument("--no-fp16-speed", action="store_true",
                    help="do not time the float16 model (its memory is still reported)")
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True")
@@ -547,8 +547,11 @@ def measure(model: Any, ids: torch.Tensor, mode: str, tokens: int, args: argpars
     if loop is not None:
         row["cuda_graph"] = loop.graph is not None
         row["loop_build_s"] = loop.build_s  # warm-up (incl. compilation) + capture
-        if args.forward_steps > 0:
-            row["forward_ms"] = loop.step_ms(args.forward_steps, device)
+        try:  # a diagnostic: its failure keeps the row
+            if args.forward_steps > 0:
+                row["forward_ms"] = loop.step_ms(args.forward_steps, device)
+        except Exception as exc:  # noqa: BLE001
+            row["forward_ms_error"] = f"{type(exc).__name__}: {exc}"
     if device == "cuda":
         row["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
     return row, out.cpu()

@@ -94,6 +94,69 @@ def test_compiled_step_traces_in_one_graph(example, models):
     assert torch.equal(tokens, example["DecodeLoop"](model, ids, 5)(5))
 
 
+class FakeCuda:
+    """Stands in for torch.cuda on the CPU to check ``capture()``'s control flow (streams,
+    warm-up, one capture, replays): a "replay" runs the step that was captured."""
+
+    def __init__(self, loop) -> None:
+        self.loop, self.events = loop, []
+        self.max_length = 0
+
+    def track(self) -> None:  # the cache's write position after each warm-up/capture step
+        self.max_length = max(self.max_length, int(self.loop.cache.get_seq_length()))
+
+    def install(self, monkeypatch) -> None:
+        fake = self
+
+        class Stream:
+            def wait_stream(self, other) -> None:
+                fake.events.append("wait")
+
+        class Graph:
+            def replay(self) -> None:
+                fake.events.append("replay")
+                fake.loop._step()
+
+            def reset(self) -> None:
+                fake.events.append("reset")
+
+        class StreamContext:
+            def __init__(self, stream) -> None:
+                pass
+
+            def __enter__(self) -> None:
+                fake.events.append("side stream")
+
+            def __exit__(self, *exc) -> None:
+                fake.track()
+
+        class GraphContext(StreamContext):
+            def __enter__(self) -> None:
+                fake.events.append("capture")
+
+        for name, value in {"Stream": Stream, "current_stream": Stream,
+                            "stream": StreamContext, "CUDAGraph": Graph,
+                            "graph": GraphContext, "synchronize": lambda: None}.items():
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+def test_capture_control_flow_with_a_fake_cuda(example, models, monkeypatch):
+    model = models["int4"]
+    ids = example["prompts"](2, 5, model.config.vocab_size, "cpu", 8)
+    plain = example["DecodeLoop"](model, ids, 4)(4)
+    loop = example["DecodeLoop"](model, ids, 4)
+    fake = FakeCuda(loop)
+    fake.install(monkeypatch)
+    loop.capture()
+    assert fake.events == ["wait", "side stream", "wait", "capture"]
+    assert fake.max_length <= ids.shape[1] + 4 - 1  # warm-up never fills the cache's room
+    assert loop.graph is not None and loop.build_s >= 0
+    assert torch.equal(loop(4), plain)
+    assert fake.events.count("replay") == 3  # one replay per decode step
+    loop.close()
+    assert fake.events[-1] == "reset" and loop.graph is None
+
+
 def test_loop_refuses_more_tokens_than_its_cache_holds(example, models):
     loop = example["DecodeLoop"](models["float16"], torch.zeros(1, 4, dtype=torch.long), 3)
     with pytest.raises(ValueError, match=r"tokens must be in \[1, 3\].*got 4"):
