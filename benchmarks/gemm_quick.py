@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--splits", action="store_true", help="also time every split for M<=16")
     ap.add_argument("--stages", default="", help="x pipeline stages to sweep ('1,2'; "
                     "default: the schedule's)")
+    ap.add_argument("--weights-shared", default="", help="'0,1': also time M<=16 with "
+                    "weights staged in shared memory (stages from --stages, default 4)")
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
     ap.add_argument("--prefill-kernel", default="quant_gemm",
@@ -113,10 +115,15 @@ def main() -> None:
                 ref = (x.float() @ deq.T)
                 depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
                 stages = [int(v) for v in args.stages.split(",") if v] or [base.stages]
-                for sp, depth, st in [(sp, d, st) for sp in splits for d in depths
-                                      for st in stages]:
+                variants = [(sp, d, st, False) for sp in splits for d in depths
+                            for st in stages]
+                if "1" in args.weights_shared.split(",") and m <= 16:
+                    staged = [v for v in stages if v] or [4]
+                    variants = [v for v in variants if "0" in args.weights_shared.split(",")]
+                    variants += [(sp, 1, st, True) for sp in splits for st in staged]
+                for sp, depth, st, shared in variants:
                     s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
-                                     st, depth)
+                                     st, depth, weights_shared=shared)
                     if (k // s.bk) % (sp * depth):
                         continue
                     y = quant_linear(x, qw, s)
@@ -129,7 +136,8 @@ def main() -> None:
                     host_us = (time.perf_counter() - t0) / 200 * 1e6
                     torch.cuda.synchronize()
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
-                                     prefetch=depth, stages=st, bm=s.bm, us=us, rel_err=err,
+                                     prefetch=depth, stages=st, weights_shared=shared,
+                                     bm=s.bm, us=us, rel_err=err,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                                      floor_us=wbytes / 3.04e6))
@@ -145,10 +153,12 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("\n kernel       dtype   K      N     M    split pf   us      GB/s   TFLOP/s  floor  err")
+    print("\n kernel       dtype   K      N     M    split pf  st  sh  us      GB/s   TFLOP/s"
+          "  floor  err")
     for r in rows:
         print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
-              f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} {r['us']:8.1f} "
+              f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} "
+              f"{r.get('stages', '-')!s:<3} {int(bool(r.get('weights_shared')))} {r['us']:8.1f} "
               f"{r['gbps']:7.0f} {r['tflops']:7.1f} "
               f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import lowvm
 from lowvm.kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
 from lowvm.kernels.matmul_f16 import matmul_f16
+from lowvm.kernels.quant_gemm import GemmSchedule, quant_gemm
 from lowvm.kernels.quant_matmul import quant_matmul
 from lowvm.kernels.vector_add import vector_add
 
@@ -19,4 +20,12 @@ EXAMPLES = {
     "quant_matmul_int4": (quant_matmul, {"wtype": lowvm.int4, "group": 64}),
     "quant_matmul_int3": (quant_matmul, {"wtype": lowvm.int3, "group": 128}),
     "quant_matmul_e3m2": (quant_matmul, {"wtype": lowvm.float6_e3m2, "group": 64}),
+    # the library's decode GEMM: register prefetch, and weights staged in shared memory
+    "quant_gemm_int4_decode": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        prefetch=4).constants()}),
+    "quant_gemm_uint4_zeros_staged": (quant_gemm, {"wtype": lowvm.uint4, "zero_point": True,
+                                                   **GemmSchedule(stages=4, weights_shared=True)
+                                                   .constants()}),
+    "quant_gemm_int3_staged": (quant_gemm, {"wtype": lowvm.int3, **GemmSchedule(
+        split=2, stages=6, weights_shared=True).constants()}),
 }

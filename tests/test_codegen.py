@@ -10,6 +10,10 @@ from lowvm.codegen import generate_cuda
 from lowvm.codegen.shared_alloc import allocate_shared
 from tests.programs import EXAMPLES
 
+#: measured exceptions, kept visible (strict xfail: the test fails once they are fixed)
+KNOWN_SPILLS = {("quant_gemm_uint4_zeros_staged", "sm_80"):
+                "ptxas for sm_80 keeps 8 bytes of stack (4-byte spill) for the staged "
+                "zero-point decode GEMM; sm_90 does not"}
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 
@@ -29,8 +33,11 @@ def test_source_is_one_readable_kernel(name):
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_compiles_without_spills(name, arch):
+def test_compiles_without_spills(name, arch, request):
     from lowvm.runtime import resource_usage
+
+    if (name, arch) in KNOWN_SPILLS:
+        request.applymarker(pytest.mark.xfail(reason=KNOWN_SPILLS[name, arch], strict=True))
 
     template, constants = EXAMPLES[name]
     cuda = generate_cuda(template.build(**constants))

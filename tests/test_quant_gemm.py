@@ -70,6 +70,33 @@ def test_interpreter_matches_float64(wtype, split, m, prefetch):
     assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
 
 
+@pytest.mark.parametrize("wtype,split,m,stages,zero_point", [
+    ("int4", 1, 3, 3, False), ("uint4", 2, 1, 2, True), ("int3", 1, 17, 4, False),
+    ("float4_e2m1", 2, 2, 3, False), ("uint8", 1, 1, 2, True)])
+def test_staged_weights_in_the_interpreter(wtype, split, m, stages, zero_point):
+    """weights_shared: weights, scales and zeros staged through shared memory by cp.async."""
+    rng = np.random.default_rng(8)
+    n, k, g = 128, 512, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    wt = lowvm.dtype(wtype)
+    zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
+             else scales)
+    sched = GemmSchedule(split=split, stages=stages, weights_shared=True)
+    packed = repack_weights(codes, wtype, sched)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    program = quant_gemm.build(wtype=wt, group=g, zero_point=zero_point, **sched.constants())
+    lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws)
+    if split > 1:
+        lowvm.interpret(finish_split.build(), m * n, ws, y)
+    w = decode(codes, wt).astype(np.float64)
+    if zero_point:
+        w = w - np.repeat(zeros.T.astype(np.float64), g, 1)
+    ref = x.astype(np.float64) @ (w * np.repeat(scales.T.astype(np.float64), g, 1)).T
+    assert _rel(y, ref) < 2e-3
+
+
 def test_zero_points_and_bfloat16_in_the_interpreter():
     import ml_dtypes
 
@@ -157,6 +184,29 @@ def test_gpu_matches_float64(wtype, m):
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gpu_staged_weights_match_float64(wtype, m):
+    """The weights_shared decode schedules (stages 2..6, split 1/2), f16 and bf16."""
+    import torch
+
+    rng = np.random.default_rng(9)
+    n, k, g = 256, 1024, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    qw = prepare_weight(codes, scales, wtype, g)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    ref = _reference(x, codes, scales, wtype, g)
+    for split, stages in ((1, 2), (2, 4), (1, 6)):
+        s = GemmSchedule(16, 64, qw.bk, 1, 4, split, stages, 1, weights_shared=True)
+        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+            if dtype == torch.float16 and not fits_float16(qw.wtype):
+                continue
+            y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw, s)
+            torch.cuda.synchronize()
+            assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, split, stages, dtype)
 
 
 @pytest.mark.gpu

@@ -125,16 +125,19 @@ def _emit_cp_async(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> None:
             cg.line(f"const int cp_col = (tid * {access.width}) % {last};")
             cg.line(f"const int cp_row = (tid * {access.width}) / {last};")
         for it in range(iters):
-            with cg.block(""):
+            # a partial last round: only the threads with a chunk left copy (a guard, not
+            # a break: the rounds are unrolled blocks, not a loop)
+            partial = (it + 1) * threads > chunks
+            if regular:
+                row = f"cp_row + {it * step // last}"
+                guard = f"if ({row} < {total // last})" if partial else ""
+            else:
+                guard = f"if (tid + {it * threads} < {chunks})" if partial else ""
+            with cg.block(guard):
                 if regular:
-                    row = f"cp_row + {it * step // last}"
-                    if (it + 1) * threads > chunks:
-                        cg.line(f"if ({row} >= {total // last}) break;")
                     rel, rest = ["cp_col"], row
                 else:
                     cg.line(f"const int chunk = tid + {it * threads};")
-                    if (it + 1) * threads > chunks:
-                        cg.line(f"if (chunk >= {chunks}) break;")
                     cg.line(f"const int col = (chunk * {access.width}) % {last};")
                     rel, rest = ["col"], f"(chunk * {access.width}) / {last}"
                 for d in reversed(range(len(shape) - 1)):

@@ -59,12 +59,18 @@ class GemmSchedule:
     split: int = 1
     stages: int | None = None
     prefetch: int = 1
+    #: weights (and scales) come through staged shared memory (``cp.async``, ``stages``
+    #: deep) instead of register prefetch buffers: more bytes in flight, fewer registers
+    weights_shared: bool = False
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
-        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
-                "warps_n": self.warps_n, "split": self.split, "stages": self.stages,
-                "prefetch": self.prefetch}
+        c = {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
+             "warps_n": self.warps_n, "split": self.split, "stages": self.stages,
+             "prefetch": self.prefetch}
+        if self.weights_shared:
+            c["weights_shared"] = True
+        return c
 
 
 @dataclass(frozen=True)
@@ -136,8 +142,13 @@ def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
 
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
                      group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                     warps_n: int, split: int, stages: int | None, prefetch: int) -> None:
+                     warps_n: int, split: int, stages: int | None, prefetch: int,
+                     weights_shared: bool = False) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
+    if weights_shared:
+        _staged_body(m, n, k, x, w, scales, zeros, y, ws, adtype, wtype, group, zero_point,
+                     bm, bn, bk, warps_m, warps_n, split, stages)
+        return
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
@@ -191,14 +202,9 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
         vm.sync()
         for j in range(prefetch):
             packed, scale, *zero = bufs[j]
-            wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=lay.b)
-            if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
-                wk = wk - zero[0]
             xa = vm.load_shared(sx, lay.a, [0, j * bk], [bm, bk])
-            # the step's group scale multiplies the f32 products (bm x bn per block),
-            # not the f16 weights (bk x bn): fewer multiplies, and no f16 rounding of w
-            part = vm.dot(xa, wk, vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0))
-            vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
+            _multiply_step(xa, packed, scale, zero[0] if zero_point else None, acc, lw, wtype,
+                           adtype, zero_point)
             for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()
@@ -209,13 +215,79 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
     vm.free_shared(sx)
 
 
+def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
+                   adtype: DType, zero_point: bool) -> None:
+    """``acc += (xa @ q) * scale`` for one K step (``q - zero`` with zero points)."""
+    lay = lw.mma
+    wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=lay.b)
+    if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
+        wk = wk - zero
+    # the step's group scale multiplies the f32 products (bm x bn per block), not the f16
+    # weights (bk x bn): fewer multiplies, and no f16 rounding of w
+    bm, bn = acc.shape
+    part = vm.dot(xa, wk, vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0))
+    vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
+
+
+def _staged_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
+                 group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
+                 warps_n: int, split: int, stages: int | None) -> None:
+    """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
+    ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
+    prologue and drain); each thread then reads its B fragments with 16-byte loads."""
+    vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
+    lay = lw.mma
+    vm.set_warps(warps_m * warps_n)
+    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
+    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
+    n_tiles = n // bn
+    k_steps = k // bk // split
+    k_tile0 = vm.block_index(1) * k_steps
+    gx = vm.global_view(x, [m, k])
+    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
+    gs = vm.global_view(scales, [k // group, n])
+    gz = vm.global_view(zeros, [k // group, n])
+    swizzled = bk * adtype.nbits // 8 >= 128
+    sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
+    sw = vm.shared_tensor(vm.uint8, [lw.tile_rows, lw.chunk])
+    ss = vm.shared_tensor(adtype, [1, bn])
+    sz = vm.shared_tensor(adtype, [1, bn]) if zero_point else None
+    acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
+    for it in vm.range(k_steps, stages=stages):
+        kt = k_tile0 + it
+        g = [kt * bk // group, col0]
+        vm.copy_async(sx, gx, [row0, kt * bk])
+        vm.copy_async(sw, gw, [(kt * n_tiles + vm.block_index(0)) * lw.tile_rows, 0])
+        vm.copy_async(ss, gs, g)
+        if zero_point:
+            vm.copy_async(sz, gz, g)
+        vm.commit_group()
+        vm.wait_group(0)
+        vm.sync()
+        packed = vm.load_shared(sw, lw.packed, [0, 0], [lw.tile_rows, lw.chunk])
+        scale = vm.load_shared(ss, reduce(lay.c, [0], keepdims=True), [0, 0], [1, bn])
+        zero = (vm.load_shared(sz, reduce(lay.b, [0], keepdims=True), [0, 0], [1, bn])
+                if zero_point else None)
+        xa = vm.load_shared(sx, lay.a, [0, 0], [bm, bk])
+        _multiply_step(xa, packed, scale, zero, acc, lw, wtype, adtype, zero_point)
+        vm.sync()
+    if split == 1:
+        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
+    else:
+        vm.atomic_add(vm.global_view(ws, [m, n]), acc, [row0, col0])
+    for t in (sx, sw, ss, sz):
+        if t is not None:
+            vm.free_shared(t)
+
+
 @vm.program
 def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], zeros: vm.ptr[vm.float16],
                y: vm.ptr[vm.float16], ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
-               stages: int | None = None, prefetch: int = 1):
+               stages: int | None = None, prefetch: int = 1, weights_shared: bool = False):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1).
 
     ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
@@ -223,7 +295,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch)
+                     prefetch, weights_shared)
 
 
 @vm.program
@@ -233,11 +305,12 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
                     zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
-                    stages: int | None = None, prefetch: int = 1):
+                    stages: int | None = None, prefetch: int = 1,
+                    weights_shared: bool = False):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.bfloat16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch)
+                     prefetch, weights_shared)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:
