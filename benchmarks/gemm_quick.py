@@ -114,12 +114,13 @@ def main() -> None:
                     splits = sorted({1, 2, 4, 8, base.split})
                 ref = (x.float() @ deq.T)
                 depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
-                stages = [int(v) for v in args.stages.split(",") if v] or [base.stages]
+                stages = [int(v) or None for v in args.stages.split(",") if v] or [base.stages]
                 variants = [(sp, d, st, False) for sp in splits for d in depths
                             for st in stages]
                 if "1" in args.weights_shared.split(",") and m <= 16:
                     staged = [v for v in stages if v] or [4]
-                    variants = [v for v in variants if "0" in args.weights_shared.split(",")]
+                    variants = ([(sp, d, base.stages, False) for sp in splits for d in depths]
+                                if "0" in args.weights_shared.split(",") else [])
                     variants += [(sp, 1, st, True) for sp in splits for st in staged]
                 for sp, depth, st, shared in variants:
                     s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
