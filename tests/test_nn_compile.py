@@ -58,7 +58,8 @@ def _interpreted_library(x, weight, schedule=None):
     program = quant_gemm.build(wtype=weight.wtype, group=weight.group, bk=weight.bk,
                                zero_point=weight.zeros is not None)
     lowvm.interpret(program, m, n, k, x.numpy(), weight.packed.numpy(),
-                    weight.scales.numpy(), zeros.numpy(), out, np.zeros((m, n), np.float32))
+                    weight.scales.numpy(), zeros.numpy(), out, np.zeros((m, n), np.float32),
+                    np.zeros(-(-m // 16) * (n // 64), np.int32))
     return torch.from_numpy(out)
 
 

@@ -18,7 +18,6 @@ from lowvm.kernels.library import (
 )
 from lowvm.kernels.quant_gemm import (
     GemmSchedule,
-    finish_split,
     quant_gemm,
     quant_gemm_bf16,
     repack_weights,
@@ -62,12 +61,17 @@ def test_interpreter_matches_float64(wtype, split, m, prefetch):
     x = rng.standard_normal((m, k)).astype(np.float16)
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
+    counters = _counters(m, n)
     lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
-                    m, n, k, x, packed, scales, scales, y, ws)
-    if split > 1:
-        assert np.isnan(y).all()  # split-K leaves y to the epilogue
-        lowvm.interpret(finish_split.build(), m * n, ws, y)
+                    m, n, k, x, packed, scales, scales, y, ws, counters)
+    # split-K: the last block of each tile wrote y and left workspace and counters cleared
+    assert not ws.any() and not counters.any()
     assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
+def _counters(m, n):
+    """Split-K arrival counters, one per 16 x 64 output tile."""
+    return np.zeros(-(-m // 16) * -(-n // 64), np.int32)
 
 
 @pytest.mark.parametrize("wtype,split,m,stages,zero_point", [
@@ -87,9 +91,8 @@ def test_staged_weights_in_the_interpreter(wtype, split, m, stages, zero_point):
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
     program = quant_gemm.build(wtype=wt, group=g, zero_point=zero_point, **sched.constants())
-    lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws)
-    if split > 1:
-        lowvm.interpret(finish_split.build(), m * n, ws, y)
+    lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws, _counters(m, n))
+    assert not ws.any()
     w = decode(codes, wt).astype(np.float64)
     if zero_point:
         w = w - np.repeat(zeros.T.astype(np.float64), g, 1)
@@ -111,13 +114,14 @@ def test_zero_points_and_bfloat16_in_the_interpreter():
     ref = x.astype(np.float64) @ w.T
     y = np.zeros((m, n), np.float16)
     lowvm.interpret(quant_gemm.build(wtype=lowvm.uint4, group=g, zero_point=True),
-                    m, n, k, x, packed, scales, zeros, y, np.zeros((m, n), np.float32))
+                    m, n, k, x, packed, scales, zeros, y, np.zeros((m, n), np.float32),
+                    _counters(m, n))
     assert _rel(y, ref) < 2e-3
     bf = ml_dtypes.bfloat16
     yb = np.zeros((m, n), bf)
     lowvm.interpret(quant_gemm_bf16.build(wtype=lowvm.uint4, group=g, zero_point=True),
                     m, n, k, x.astype(bf), packed, scales.astype(bf), zeros.astype(bf), yb,
-                    np.zeros((m, n), np.float32))
+                    np.zeros((m, n), np.float32), _counters(m, n))
     assert _rel(yb.astype(np.float64), ref) < 2e-2
 
 
@@ -255,7 +259,8 @@ def test_interpreter_every_type_group_and_activation_type(wtype):
             lowvm.interpret(program.build(wtype=lowvm.dtype(wtype), group=group,
                                           **sched.constants()),
                             m, n, k, x.astype(adt), packed, scales.astype(adt),
-                            scales.astype(adt), y, np.zeros((m, n), np.float32))
+                            scales.astype(adt), y, np.zeros((m, n), np.float32),
+                            _counters(m, n))
             assert _rel(y.astype(np.float64), ref) < tol, (group, adt)
 
 

@@ -93,7 +93,8 @@ def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
                 return
             ref, inside = global_ref(cg, memory, inst.offsets, rel)
             if is_load:
-                cg.line(f"{reg} = ({inside}) ? __ldg(reinterpret_cast<const {vt}*>(&{ref})) "
+                load = "__ldcg" if getattr(inst, "coherent", False) else "__ldg"
+                cg.line(f"{reg} = ({inside}) ? {load}(reinterpret_cast<const {vt}*>(&{ref})) "
                         f": {_VECTOR_ZEROS[access.nbytes]};")
             else:
                 cg.line(f"if ({inside}) *reinterpret_cast<{vt}*>(&{ref}) = {reg};")

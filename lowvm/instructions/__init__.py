@@ -1,6 +1,6 @@
 """The VM's instructions, one file per family; :data:`INSTRUCTIONS` lists them all."""
 
-from lowvm.instructions.atomic import ATOMIC_TYPES, AtomicAdd
+from lowvm.instructions.atomic import ATOMIC_TYPES, Arrive, AtomicAdd
 from lowvm.instructions.base import INSTRUCTIONS, Instruction
 from lowvm.instructions.control import Sync
 from lowvm.instructions.data import Assign, Cast, Permute, RegisterInit, ThreadIndex, View
@@ -23,6 +23,7 @@ from lowvm.instructions.reduce import REDUCE_OPS, Reduce
 __all__ = [
     "ATOMIC_TYPES",
     "AtomicAdd",
+    "Arrive",
     "INSTRUCTIONS",
     "Instruction",
     "Sync",

@@ -1,4 +1,5 @@
-"""Atomic accumulation into global memory: ``dst[offsets + i] += src[i]``.
+"""Atomic accumulation into global memory, ``dst[offsets + i] += src[i]``, and arrival
+counters (:class:`Arrive`) that tell the last of several blocks it is the last.
 
 Split-K GEMMs need it: several thread blocks own slices of the reduction dimension and
 add their partial tiles into one float32 result. Blocks may add in any order, so only
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lowvm.dtypes import float32, int32
-from lowvm.expr import Expr
+from lowvm.expr import Expr, Var
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.instructions.memory import _check_offsets, _global_positions, global_ref
 from lowvm.ir import GlobalTensor, RegisterTensor
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
-__all__ = ["AtomicAdd", "ATOMIC_TYPES"]
+__all__ = ["AtomicAdd", "Arrive", "ATOMIC_TYPES"]
 
 #: element types with a native ``atomicAdd``
 ATOMIC_TYPES = (float32, int32)
@@ -65,3 +66,62 @@ class AtomicAdd(Instruction):
             index = [cg.index(lay, d) for d in range(lay.rank)]
             ref, inside = global_ref(cg, self.dst, self.offsets, index)
             cg.line(f"if ({inside}) atomicAdd(&{ref}, {cg.raw_get(self.src, 'l')});")
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Arrive(Instruction):
+    """Count this block's arrival at ``counter[offsets]`` and bind how many came before.
+
+    ``var`` (a uniform int) becomes the number of blocks that arrived at this counter
+    before this one, ``0 .. count - 1``; the ``count``-th arrival resets the counter to 0,
+    so the counter is ready for the next launch without a memset. Every global write the
+    block made before (stores, ``atomic_add``) is visible to the block that arrives after
+    it, which reads it with ``load_global(..., coherent=True)``: the fused reduction of
+    split-K GEMMs (the last block of a tile converts and clears the workspace). The
+    interpreter runs blocks in order, so there block ``i`` of a group sees ``i``.
+    """
+
+    mnemonic = "arrive"
+    counter: GlobalTensor
+    offsets: tuple[Expr, ...]
+    count: Expr
+    var: Var
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.counter.rank, "global tensor")
+        if self.counter.dtype != int32:
+            raise self.error(f"arrival counters are int32; %{self.counter.name} is "
+                             f"{self.counter.dtype.name}")
+
+    def interpret(self, st: BlockState) -> None:
+        import numpy as np
+
+        index = np.zeros((1, 1, self.counter.rank), dtype=np.int64)
+        flat, inside = _global_positions(st, self.counter, self.offsets, index)
+        if not inside.all():
+            raise st.runtime_error(self, f"the counter at {[st.eval(o) for o in self.offsets]}"
+                                   f" is outside %{self.counter.name}")
+        count = st.eval(self.count)
+        if count < 1:
+            raise st.runtime_error(self, f"count must be at least 1, got {count}")
+        buf = st.global_buffer(self.counter, self)
+        old = int(buf.read(flat)[0, 0])
+        if not 0 <= old < count:
+            raise st.runtime_error(self, f"the counter holds {old}, outside [0, {count}): "
+                                   "it must start at 0 (it resets itself after each group)")
+        buf.write(flat, np.array([[(old + 1) % count]]))
+        st.env[self.var.name] = old
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        ref, _ = global_ref(cg, self.counter, self.offsets, ["0"] * self.counter.rank)
+        ticket = cg.fresh("lowvm_ticket")
+        cg.line("__threadfence();  // this block's writes before its arrival (release)")
+        cg.line("__syncthreads();")
+        cg.line(f"__shared__ unsigned {ticket};")
+        cg.line(f"if (tid == 0) {ticket} = atomicInc(reinterpret_cast<unsigned*>(&{ref}), "
+                f"(unsigned)({cg.expr(self.count)}) - 1u);")
+        cg.line("__syncthreads();")
+        cg.line(f"const int {self.var.name} = (int){ticket};")
+        cg.line("__threadfence();  // earlier arrivals' writes before what follows (acquire)")

@@ -90,12 +90,18 @@ def _global_positions(
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
 class LoadGlobal(Instruction):
-    """Load the tile at ``offsets`` of a global tensor into registers (0 outside)."""
+    """Load the tile at ``offsets`` of a global tensor into registers (0 outside).
+
+    ``coherent``: read what other blocks wrote earlier in the same launch (after a
+    :func:`~lowvm.lang.arrive`), through L2 only: plain loads may use the read-only and
+    L1 caches, which do not see other blocks' writes.
+    """
 
     mnemonic = "load_global"
     out: RegisterTensor
     src: GlobalTensor
     offsets: tuple[Expr, ...]
+    coherent: bool = False
 
     def check(self) -> None:
         _check_offsets(self, self.offsets, self.src.rank, "global tensor")
@@ -114,7 +120,8 @@ class LoadGlobal(Instruction):
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")
-        _emit_global_access(cg, self.src, self.offsets, self.out, load=True)
+        _emit_global_access(cg, self.src, self.offsets, self.out, load=True,
+                            coherent=self.coherent)
 
 
 @register_instruction
@@ -422,14 +429,15 @@ def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
 
 
 def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: RegisterTensor,
-                        load: bool) -> None:
+                        load: bool, coherent: bool = False) -> None:
     lay = tile.layout
     cg.line("#pragma unroll")
     with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
         index = [cg.index(lay, d) for d in range(lay.rank)]
         ref, inside = global_ref(cg, tensor, offsets, index)
         if load:
-            cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {ref} : {_zero(tile.dtype)};")
+            value = f"__ldcg(&{ref})" if coherent else ref
+            cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {value} : {_zero(tile.dtype)};")
         else:
             cg.line(f"if ({inside}) {ref} = {cg.raw_get(tile, 'l')};")
 

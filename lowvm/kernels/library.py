@@ -21,8 +21,6 @@ from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
 from lowvm.kernels.quant_gemm import (
     GemmSchedule,
-    finish_split,
-    finish_split_bf16,
     quant_gemm,
     quant_gemm_bf16,
     repack_weights,
@@ -194,9 +192,7 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                              f"of split x prefetch = {s.split * s.prefetch}")
         gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
                          group=weight.group, zero_point=zero_point, **s.constants())
-        finish = (None if s.split == 1 else
-                  _compiled(finish_split_bf16 if bf16 else finish_split))
-        plan = _PLANS[key] = (gemm, finish)
+        plan = _PLANS[key] = (gemm, s.split > 1)
     return plan
 
 
@@ -231,21 +227,46 @@ def fits_float16(wtype: DType) -> bool:
 
 
 def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any) -> Any:
-    """Launch the plan ``planner`` makes for this call (GEMM, then split-K epilogue)."""
+    """Launch the plan ``planner`` makes for this call (one kernel, split-K included)."""
     import torch
 
     m, n, k = x.shape[0], weight.n, weight.k
     scales, zeros = weight.for_dtype(x.dtype)
-    gemm, finish = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None, schedule)
+    gemm, split = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None, schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if finish is None:
-        gemm(m, n, k, x, weight.packed, scales, zeros, y, _dummy(x.device))
-        return y
-    ws = torch.zeros((m, n), dtype=torch.float32, device=x.device)
-    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws)
-    finish(m * n, ws, y)
+    if split:  # output tiles are at least 16 x 64
+        ws, counters = _split_buffers(x.device, m * n, -(-m // 16) * (n // WEIGHT_BN))
+    else:
+        ws, counters = _dummy(x.device), _dummy_counters(x.device)
+    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
     return y
+
+
+#: per (device, stream): a zeroed float32 workspace and int32 tile counters for split-K;
+#: the GEMM's last block per tile leaves both zeroed again (``store_result``)
+_SPLIT: dict[tuple, tuple[Any, Any]] = {}
+#: buffers replaced by larger ones stay alive: a captured CUDA graph may still use them
+_RETIRED: list[tuple[Any, Any]] = []
+
+
+def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
+    """Workspace and counters of at least these sizes for the current stream (split-K
+    launches on one stream run one after another, so they can share them)."""
+    import torch
+
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    have = _SPLIT.get(key)
+    if have is None or have[0].numel() < ws_numel or have[1].numel() < tiles:
+        before = (0, 0) if have is None else (have[0].numel(), have[1].numel())
+        if have is not None:
+            _RETIRED.append(have)
+        ws = torch.zeros(max(ws_numel, 2 * before[0], 1 << 16), dtype=torch.float32,
+                         device=device)
+        counters = torch.zeros(max(tiles, 2 * before[1], 4096), dtype=torch.int32,
+                               device=device)
+        have = _SPLIT[key] = (ws, counters)
+    return have
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
@@ -311,9 +332,7 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         gemm = _compiled(quant_gemm_prefill_bf16 if bf16 else quant_gemm_prefill,
                          wtype=weight.wtype, group=weight.group, zero_point=zero_point,
                          **s.constants())
-        finish = (None if s.split == 1 else
-                  _compiled(finish_split_bf16 if bf16 else finish_split))
-        plan = _PREFILL_PLANS[key] = (gemm, finish)
+        plan = _PREFILL_PLANS[key] = (gemm, s.split > 1)
     return plan
 
 
@@ -327,9 +346,17 @@ def prefill_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | N
 _DUMMIES: dict[Any, Any] = {}
 
 
-def _dummy(device: Any) -> Any:
+def _dummy(device: Any, dtype: Any = None) -> Any:
+    """A tiny buffer for pointer arguments a specialisation never reads."""
     import torch
 
-    if device not in _DUMMIES:
-        _DUMMIES[device] = torch.zeros(4, dtype=torch.float32, device=device)
-    return _DUMMIES[device]
+    dtype = dtype or torch.float32
+    if (device, dtype) not in _DUMMIES:
+        _DUMMIES[device, dtype] = torch.zeros(4, dtype=dtype, device=device)
+    return _DUMMIES[device, dtype]
+
+
+def _dummy_counters(device: Any) -> Any:
+    import torch
+
+    return _dummy(device, torch.int32)

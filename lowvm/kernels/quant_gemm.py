@@ -17,7 +17,8 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   out), so they are read from L2 once per block.
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
   put every SM to work streaming weights; partial tiles are added atomically into a
-  float32 workspace, which :func:`finish_split` turns into float16.
+  float32 workspace and the last block of each tile (:func:`store_result`, through
+  ``vm.arrive``) converts it and clears it: one launch, no memset, no epilogue kernel.
 - **Prefetch**: ``prefetch`` K steps of weights and group scales in flight per thread,
   in round-robin register buffers (no register moves, so each load hides behind
   ``prefetch`` steps of math); ``x`` comes in ``prefetch`` steps at a time.
@@ -42,7 +43,7 @@ from lowvm.ir import ProgramError
 from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs, swizzle_128b
 
-__all__ = ["quant_gemm", "quant_gemm_bf16", "finish_split", "finish_split_bf16",
+__all__ = ["quant_gemm", "quant_gemm_bf16", "store_result",
            "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
            "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks"]
 
@@ -140,14 +141,14 @@ def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
         -1, lw.bytes_per_thread)
 
 
-def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
-                     group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                     warps_n: int, split: int, stages: int | None, prefetch: int,
+def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
+                     wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
+                     warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     if weights_shared:
-        _staged_body(m, n, k, x, w, scales, zeros, y, ws, adtype, wtype, group, zero_point,
-                     bm, bn, bk, warps_m, warps_n, split, stages)
+        _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages)
         return
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
@@ -208,11 +209,35 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: 
             for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()
-    if split == 1:
-        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
-    else:
-        vm.atomic_add(vm.global_view(ws, [m, n]), acc, [row0, col0])
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split)
     vm.free_shared(sx)
+
+
+def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
+                 split: int) -> None:
+    """Store block ``(x, ., z)``'s ``bm x bn`` result tile ``acc`` (f32) as ``adtype``.
+
+    With split-K (``split`` blocks along grid y share a tile) each adds its part into
+    the float32 workspace ``ws [m, n]`` and arrives at the tile's counter; the last to
+    arrive converts the sum into ``y`` and zeroes its tile of ``ws``, so the reduction
+    needs no second kernel and ``ws`` and ``counters`` (int32, one per output tile, 0
+    at the start) are left ready for the next launch.
+    """
+    row0, col0 = vm.block_index(2) * bm, vm.block_index(0) * bn
+    gy = vm.global_view(y, [m, n])
+    if split == 1:
+        vm.store_global(gy, vm.cast(acc, adtype), [row0, col0])
+        return
+    gws = vm.global_view(ws, [m, n])
+    vm.atomic_add(gws, acc, [row0, col0])
+    tiles_n = vm.cdiv(n, bn)
+    gc = vm.global_view(counters, [tiles_n * vm.cdiv(m, bm)])
+    seen = vm.arrive(gc, [vm.block_index(2) * tiles_n + vm.block_index(0)], split)
+    with vm.if_(seen.equals(split - 1)):  # the last part of this tile: finish it
+        total = vm.load_global(gws, [row0, col0], [bm, bn], acc.layout, coherent=True)
+        vm.store_global(gy, vm.cast(total, adtype), [row0, col0])
+        vm.store_global(gws, vm.register_tensor(vm.float32, [bm, bn], acc.layout, init=0.0),
+                        [row0, col0])
 
 
 def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
@@ -229,7 +254,8 @@ def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType
     vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
 
 
-def _staged_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
+def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
+                 wtype: DType,
                  group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
                  warps_n: int, split: int, stages: int | None) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
@@ -272,10 +298,7 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DTyp
         xa = vm.load_shared(sx, lay.a, [0, 0], [bm, bk])
         _multiply_step(xa, packed, scale, zero, acc, lw, wtype, adtype, zero_point)
         vm.sync()
-    if split == 1:
-        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
-    else:
-        vm.atomic_add(vm.global_view(ws, [m, n]), acc, [row0, col0])
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split)
     for t in (sx, sw, ss, sz):
         if t is not None:
             vm.free_shared(t)
@@ -284,7 +307,8 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DTyp
 @vm.program
 def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], zeros: vm.ptr[vm.float16],
-               y: vm.ptr[vm.float16], ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
+               y: vm.ptr[vm.float16], ws: vm.ptr[vm.float32],
+               counters: vm.ptr[vm.int32], wtype: vm.constexpr = vm.int4,
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False):
@@ -293,7 +317,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
     ``q * scales``; ``zeros`` is not read without ``zero_point``.
     """
-    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.float16, wtype, group,
+    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared)
 
@@ -302,37 +326,16 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
 def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16],
                     w: vm.ptr[vm.uint8], scales: vm.ptr[vm.bfloat16],
                     zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
-                    ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4, group: int = 128,
+                    ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
+                    wtype: vm.constexpr = vm.int4, group: int = 128,
                     zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
-    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, vm.bfloat16, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
+    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
+                     group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared)
-
-
-def _finish(total, ws, y, adtype: DType) -> None:
-    per = 8
-    block = 128 * per
-    vm.set_grid(vm.cdiv(total, block))
-    lay = vm.spatial(128).local(per)
-    acc = vm.load_global(vm.global_view(ws, [total]), [vm.block_index(0) * block], [block], lay)
-    vm.store_global(vm.global_view(y, [total]), vm.cast(acc, adtype),
-                    [vm.block_index(0) * block])
-
-
-@vm.program(warps=4)
-def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
-    """``y = float16(ws)``, 8 elements per thread (the split-K epilogue)."""
-    _finish(total, ws, y, vm.float16)
-
-
-@vm.program(warps=4)
-def finish_split_bf16(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.bfloat16]):
-    """``y = bfloat16(ws)`` (the split-K epilogue of :func:`quant_gemm_bf16`)."""
-    _finish(total, ws, y, vm.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------

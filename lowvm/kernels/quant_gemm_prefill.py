@@ -37,7 +37,7 @@ from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
 from lowvm.kernels.mma_tiling import block_mma_layouts
-from lowvm.kernels.quant_gemm import GemmSchedule, WeightLayouts, weight_layouts
+from lowvm.kernels.quant_gemm import GemmSchedule, WeightLayouts, store_result, weight_layouts
 from lowvm.layouts import (
     RegisterLayout,
     SharedLayout,
@@ -164,9 +164,10 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warps_m: int, warp
                      f"bk={bk} must be a power of two of at least 64 (128-byte rows)")
 
 
-def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DType,
-                  group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                  warps_n: int, split: int, stages: int | None, prefetch: int) -> None:
+def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
+                  wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
+                  warps_m: int, warps_n: int, split: int, stages: int | None,
+                  prefetch: int) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     _check_schedule(adtype, bm, bn, bk, warps_m, warps_n, prefetch, group)
     threads = warps_m * warps_n * 32
@@ -244,10 +245,7 @@ def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DTy
                 vm.assign(dst, src)
         if not stages or stages < 2:
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
-    if split == 1:
-        vm.store_global(vm.global_view(y, [m, n]), vm.cast(acc, adtype), [row0, col0])
-    else:
-        vm.atomic_add(vm.global_view(ws, [m, n]), acc, [row0, col0])
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split)
     vm.free_shared(sb)
     vm.free_shared(sx)
 
@@ -256,27 +254,29 @@ def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, adtype: DType, wtype: DTy
 def quant_gemm_prefill(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                        w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16],
                        zeros: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
-                       ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
+                       ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
+                       wtype: vm.constexpr = vm.int4,
                        group: int = 128, zero_point: bool = False, bm: int = 128,
                        bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
                        split: int = 1, stages: int | None = 3, prefetch: int = 1):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1),
     on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
-    _prefill_body(m, n, k, x, w, scales, zeros, y, ws, vm.float16, wtype, group, zero_point,
-                  bm, bn, bk, warps_m, warps_n, split, stages, prefetch)
+    _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
+                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch)
 
 
 @vm.program
 def quant_gemm_prefill_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16],
                             w: vm.ptr[vm.uint8], scales: vm.ptr[vm.bfloat16],
                             zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
-                            ws: vm.ptr[vm.float32], wtype: vm.constexpr = vm.int4,
+                            ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
+                            wtype: vm.constexpr = vm.int4,
                             group: int = 128, zero_point: bool = False, bm: int = 128,
                             bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
                             split: int = 1, stages: int | None = 3, prefetch: int = 1):
     """:func:`quant_gemm_prefill` with bfloat16 activations, scales, zeros and output."""
-    _prefill_body(m, n, k, x, w, scales, zeros, y, ws, vm.bfloat16, wtype, group, zero_point,
-                  bm, bn, bk, warps_m, warps_n, split, stages, prefetch)
+    _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype, group,
+                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch)
 
 
 def threads_fit(wtype: DType, schedule: GemmSchedule) -> bool:

@@ -64,7 +64,7 @@ from lowvm.layouts import reduce as reduce_layout
 
 __all__ = [
     "set_grid", "set_warps", "block_index", "grid_dim", "thread_index", "cdiv",
-    "global_view", "load_global", "store_global", "atomic_add",
+    "global_view", "load_global", "store_global", "atomic_add", "arrive",
     "shared_tensor", "free_shared", "load_shared", "store_shared",
     "copy_async", "commit_group", "wait_group",
     "register_tensor", "view", "cast", "permute", "transpose", "assign",
@@ -188,18 +188,21 @@ def global_view(ptr: Pointer, shape: Sequence[ExprLike], strides: Sequence[ExprL
 
 
 def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Sequence[int],
-                layout: RegisterLayout | None = None) -> RegisterTensor:
+                layout: RegisterLayout | None = None, coherent: bool = False
+                ) -> RegisterTensor:
     """Load the tile of ``shape`` at ``offsets``; elements outside the tensor read as 0.
 
     Without ``layout``, layout inference picks it: the one its consumers need, else
-    contiguous 16-byte runs per thread along the last dim.
+    contiguous 16-byte runs per thread along the last dim. ``coherent=True`` reads what
+    other blocks of this launch wrote before an :func:`arrive` (through L2 only).
     """
     if not isinstance(src, GlobalTensor):
         raise _fail(f"load_global: src must be a global tensor, got {type(src).__name__}")
     shape = _static_shape(shape, "load_global")
     out = current().register(src.dtype, shape, layout, "load_global")
     current().emit(LoadGlobal(out=out, src=src, offsets=_offsets(offsets, src.rank,
-                                                                  "load_global"), loc=_loc()))
+                                                                  "load_global"),
+                              coherent=bool(coherent), loc=_loc()))
     return out
 
 
@@ -221,6 +224,28 @@ def atomic_add(dst: GlobalTensor, src: RegisterTensor,
         raise _fail("atomic_add: expects (global tensor, register tile, offsets)")
     current().emit(AtomicAdd(dst=dst, src=src, offsets=_offsets(offsets, dst.rank,
                                                                 "atomic_add"), loc=_loc()))
+
+
+def arrive(counter: GlobalTensor, offsets: Sequence[ExprLike] | None, count: ExprLike
+           ) -> Var:
+    """This block arrives at the int32 ``counter[offsets]``: returns how many of the
+    ``count`` blocks sharing it arrived before (a uniform int; the last one sees
+    ``count - 1`` and the counter resets to 0). What earlier arrivals wrote is then
+    readable with ``load_global(..., coherent=True)``::
+
+        seen = vm.arrive(counters, [tile], split)
+        with vm.if_(seen.equals(split - 1)):  # the last block of this tile
+            ...
+    """
+    from lowvm.instructions.atomic import Arrive
+
+    if not isinstance(counter, GlobalTensor):
+        raise _fail(f"arrive: counter must be a global tensor, got {type(counter).__name__}")
+    b = current()
+    var = Var(b.fresh("arrived"))
+    b.emit(Arrive(counter=counter, offsets=_offsets(offsets, counter.rank, "arrive"),
+                  count=as_expr(count), var=var, loc=_loc()))
+    return var
 
 
 def shared_tensor(dtype: DType | str, shape: Sequence[int],
