@@ -967,7 +967,7 @@ def test_arrive_refuses_a_non_int32_counter():
 def test_arrive_on_the_gpu():
     import torch
 
-    program = lowvm.compile(last_block_sums)
+    program = lowvm.compile(last_block_sums, groups=8, size=16)
     bufs = [torch.from_numpy(a).cuda() for a in _arrive_buffers(groups=8, size=16)]
     parts = bufs[0].cpu().numpy()
     for _ in range(3):

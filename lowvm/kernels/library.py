@@ -126,7 +126,15 @@ def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
 
 def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT
                     ) -> GemmSchedule:
-    """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill."""
+    """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill.
+
+    Split-K (its reduction fused into the GEMM) doubles while the grid has under
+    ~4 blocks per SM, or while each block would still stream >= 24 K steps, keeping
+    >= 4 steps per block and split <= 8; grids of >= 3 blocks per SM are not split.
+    Fitted to the H100 decode sweep of NOTES.md (2026-11-23, fused split-K): e.g.
+    4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.4, 28672 x 8192 split 8 60.9,
+    4096 x 28672 unsplit 35.4.
+    """
     if m <= 16:
         bm, warps_m = 16, 1
     elif m <= 64:
@@ -136,16 +144,10 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     blocks = (n // WEIGHT_BN) * math.ceil(m / bm)
     steps = k // bk
     split = 1
-    while (blocks * split < 2 * num_sms and steps % (2 * split) == 0
-           and steps // (2 * split) >= 4):
-        split *= 2
-    if m <= 16 and split >= 4:
-        # short K ranges per block (small N): weights staged 4 deep in shared memory
-        # measured 4-10 % faster than register prefetch on the H100 (4096 x 6144: 15.7 vs
-        # 17.4 us, 14336 x 4096: 23.7 vs 25.4), and slower on wide N (NOTES.md)
-        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=split, stages=4, prefetch=1,
-                            weights_shared=True)
+    if blocks < 3 * num_sms:
+        while (split < 8 and steps % (2 * split) == 0 and steps // (2 * split) >= 4
+               and (blocks * split < 4 * num_sms or steps // (2 * split) >= 24)):
+            split *= 2
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
                         split=split, stages=None if m <= 16 else 3,
                         prefetch=_largest_dividing(4 if m <= 16 else 1, steps // split))
