@@ -206,7 +206,10 @@ class Kernel:
                 f"{max_threads} threads per block the compiled kernel allows on cuda:{device} "
                 f"(__launch_bounds__ or registers); accepted: at most {max_threads}"
             )
-        if self._smem > DEFAULT_SHARED_LIMIT:
+        # the opt-in counts static shared memory too (e.g. vm.arrive's ticket word)
+        static = _drv.check(cu.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, fn),
+                            "cuFuncGetAttribute(SHARED_SIZE_BYTES)")
+        if self._smem + static > DEFAULT_SHARED_LIMIT:
             _drv.check(
                 cu.cuFuncSetAttribute(
                     fn, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self._smem
