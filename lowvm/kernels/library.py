@@ -131,8 +131,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     Split-K (its reduction fused into the GEMM) doubles while the grid has under
     ~4 blocks per SM, or while each block would still stream >= 24 K steps, keeping
     >= 4 steps per block and split <= 8; grids of >= 3 blocks per SM are not split.
-    Fitted to the H100 decode sweep of NOTES.md (2026-11-23, fused split-K): e.g.
-    4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.4, 28672 x 8192 split 8 60.9,
+    Fitted to the H100 decode sweeps of NOTES.md (2026-11-23, fused split-K): e.g.
+    4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.2, 28672 x 8192 split 8 60.9,
     4096 x 28672 unsplit 35.4.
     """
     if m <= 16:
@@ -148,9 +148,14 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         while (split < 8 and steps % (2 * split) == 0 and steps // (2 * split) >= 4
                and (blocks * split < 4 * num_sms or steps // (2 * split) >= 24)):
             split *= 2
+    if m <= 16 and split < 8:
+        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
+                            warps_n=WEIGHT_WARPS_N, split=split, stages=None,
+                            prefetch=_largest_dividing(4, steps // split))
+    # the most split decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
+    # 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192) at split 8
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=None if m <= 16 else 3,
-                        prefetch=_largest_dividing(4 if m <= 16 else 1, steps // split))
+                        split=split, stages=4 if m <= 16 else 3, prefetch=1)
 
 
 def _largest_dividing(limit: int, steps: int) -> int:
