@@ -128,9 +128,10 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
                     ) -> GemmSchedule:
     """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill.
 
-    Split-K (its reduction fused into the GEMM) doubles while the grid has under
-    ~4 blocks per SM, or while each block would still stream >= 24 K steps, keeping
-    >= 4 steps per block and split <= 8; grids of >= 3 blocks per SM are not split.
+    Decode (M <= 16): split-K (its reduction fused into the GEMM) doubles while the grid
+    has under ~4 blocks per SM, or while each block would still stream >= 24 K steps,
+    keeping >= 4 steps per block and split <= 8; grids of >= 3 blocks per SM are not
+    split. M > 16 splits only up to ~2 blocks per SM (more measured slower at M = 64).
     Fitted to the H100 decode sweeps of NOTES.md (2026-11-23, fused split-K): e.g.
     4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.2, 28672 x 8192 split 8 60.9,
     4096 x 28672 unsplit 35.4.
@@ -144,7 +145,11 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     blocks = (n // WEIGHT_BN) * math.ceil(m / bm)
     steps = k // bk
     split = 1
-    if blocks < 3 * num_sms:
+    if m > 16:  # tiles reuse weights across rows: split only to reach ~2 blocks per SM
+        while (blocks * split < 2 * num_sms and steps % (2 * split) == 0
+               and steps // (2 * split) >= 4):
+            split *= 2
+    elif blocks < 3 * num_sms:
         while (split < 8 and steps % (2 * split) == 0 and steps // (2 * split) >= 4
                and (blocks * split < 4 * num_sms or steps // (2 * split) >= 24)):
             split *= 2
