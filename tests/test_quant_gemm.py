@@ -18,6 +18,7 @@ from lowvm.kernels.library import (
 )
 from lowvm.kernels.quant_gemm import (
     GemmSchedule,
+    finish_split,
     quant_gemm,
     quant_gemm_bf16,
     repack_weights,
@@ -67,6 +68,24 @@ def test_interpreter_matches_float64(wtype, split, m, prefetch):
     # split-K: the last block of each tile wrote y and left workspace and counters cleared
     assert not ws.any() and not counters.any()
     assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
+def test_unfused_split_k_in_the_interpreter():
+    """fused_split=False: the GEMM only adds; finish_split converts and clears ws."""
+    rng = np.random.default_rng(12)
+    m, n, k, g = 37, 128, 512, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
+    sched = GemmSchedule(bm=64, warps_m=2, split=2, stages=3, fused_split=False)
+    packed = repack_weights(codes, "int4", sched)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    lowvm.interpret(quant_gemm.build(wtype=lowvm.int4, group=g, **sched.constants()),
+                    m, n, k, x, packed, scales, scales, y, ws, _counters(m, n))
+    assert np.isnan(y).all() and ws.any()  # the sums wait in ws for the epilogue
+    lowvm.interpret(finish_split.build(), m * n, ws, y)
+    assert not ws.any()
+    assert _rel(y, _reference(x, codes, scales, "int4", g)) < 2e-3
 
 
 def _counters(m, n):

@@ -21,6 +21,8 @@ from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
 from lowvm.kernels.quant_gemm import (
     GemmSchedule,
+    finish_split,
+    finish_split_bf16,
     quant_gemm,
     quant_gemm_bf16,
     repack_weights,
@@ -131,7 +133,9 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     Decode (M <= 16): split-K (its reduction fused into the GEMM) doubles while the grid
     has under ~4 blocks per SM, or while each block would still stream >= 24 K steps,
     keeping >= 4 steps per block and split <= 8; grids of >= 3 blocks per SM are not
-    split. M > 16 splits only up to ~2 blocks per SM (more measured slower at M = 64).
+    split. M > 16 splits only up to ~2 blocks per SM (more measured slower at M = 64),
+    and finishes the sums with a second kernel (the in-kernel reduction measured slower
+    there: 4096 x 6144, M = 64: 41.4 vs 33.3 us).
     Fitted to the H100 decode sweeps of NOTES.md (2026-11-23, fused split-K): e.g.
     4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.2, 28672 x 8192 split 8 60.9,
     4096 x 28672 unsplit 35.4.
@@ -160,7 +164,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     # the most split decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
     # 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192) at split 8
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=4 if m <= 16 else 3, prefetch=1)
+                        split=split, stages=4 if m <= 16 else 3, prefetch=1,
+                        fused_split=m <= 16)
 
 
 def _largest_dividing(limit: int, steps: int) -> int:
@@ -204,7 +209,7 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                              f"of split x prefetch = {s.split * s.prefetch}")
         gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
                          group=weight.group, zero_point=zero_point, **s.constants())
-        plan = _PLANS[key] = (gemm, s.split > 1)
+        plan = _PLANS[key] = (gemm, _finisher(s, bf16), s.split > 1)
     return plan
 
 
@@ -239,12 +244,15 @@ def fits_float16(wtype: DType) -> bool:
 
 
 def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any) -> Any:
-    """Launch the plan ``planner`` makes for this call (one kernel, split-K included)."""
+    """Launch the plan ``planner`` makes for this call (the GEMM, whose split-K sums are
+    finished in-kernel, or for ``fused_split=False`` schedules the GEMM and
+    :func:`finish_split`; both leave the per-stream workspace zeroed)."""
     import torch
 
     m, n, k = x.shape[0], weight.n, weight.k
     scales, zeros = weight.for_dtype(x.dtype)
-    gemm, split = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None, schedule)
+    gemm, finish, split = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
+                                  schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if split:  # output tiles are at least 16 x 64
@@ -252,7 +260,16 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     else:
         ws, counters = _dummy(x.device), _dummy_counters(x.device)
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
+    if finish is not None:
+        finish(m * n, ws, y)
     return y
+
+
+def _finisher(s: GemmSchedule, bf16: bool) -> Any:
+    """The compiled unfused split-K epilogue of schedule ``s``, or None."""
+    if s.split == 1 or s.fused_split:
+        return None
+    return _compiled(finish_split_bf16 if bf16 else finish_split)
 
 
 #: per (device, stream): a zeroed float32 workspace and int32 tile counters for split-K;
@@ -344,7 +361,7 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         gemm = _compiled(quant_gemm_prefill_bf16 if bf16 else quant_gemm_prefill,
                          wtype=weight.wtype, group=weight.group, zero_point=zero_point,
                          **s.constants())
-        plan = _PREFILL_PLANS[key] = (gemm, s.split > 1)
+        plan = _PREFILL_PLANS[key] = (gemm, _finisher(s, bf16), s.split > 1)
     return plan
 
 

@@ -43,7 +43,7 @@ from lowvm.ir import ProgramError
 from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs, swizzle_128b
 
-__all__ = ["quant_gemm", "quant_gemm_bf16", "store_result",
+__all__ = ["quant_gemm", "quant_gemm_bf16", "store_result", "finish_split", "finish_split_bf16",
            "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
            "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks"]
 
@@ -63,6 +63,9 @@ class GemmSchedule:
     #: weights (and scales) come through staged shared memory (``cp.async``, ``stages``
     #: deep) instead of register prefetch buffers: more bytes in flight, fewer registers
     weights_shared: bool = False
+    #: split-K sums finished inside the GEMM by the last block of each tile (vm.arrive);
+    #: False: by :func:`finish_split`, a second launch (measured faster at M = 64)
+    fused_split: bool = True
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -71,6 +74,8 @@ class GemmSchedule:
              "prefetch": self.prefetch}
         if self.weights_shared:
             c["weights_shared"] = True
+        if not self.fused_split:
+            c["fused_split"] = False
         return c
 
 
@@ -144,11 +149,11 @@ def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                      wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                     weights_shared: bool = False) -> None:
+                     weights_shared: bool = False, fused_split: bool = True) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     if weights_shared:
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages)
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages, fused_split)
         return
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
@@ -209,19 +214,20 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
             for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()
-    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split)
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     vm.free_shared(sx)
 
 
 def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
-                 split: int) -> None:
+                 split: int, fused: bool = True) -> None:
     """Store block ``(x, ., z)``'s ``bm x bn`` result tile ``acc`` (f32) as ``adtype``.
 
     With split-K (``split`` blocks along grid y share a tile) each adds its part into
     the float32 workspace ``ws [m, n]`` and arrives at the tile's counter; the last to
     arrive converts the sum into ``y`` and zeroes its tile of ``ws``, so the reduction
     needs no second kernel and ``ws`` and ``counters`` (int32, one per output tile, 0
-    at the start) are left ready for the next launch.
+    at the start) are left ready for the next launch. Not ``fused``: only the atomic
+    adds; :func:`finish_split` then converts and clears ``ws``.
     """
     row0, col0 = vm.block_index(2) * bm, vm.block_index(0) * bn
     gy = vm.global_view(y, [m, n])
@@ -230,6 +236,8 @@ def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
         return
     gws = vm.global_view(ws, [m, n])
     vm.atomic_add(gws, acc, [row0, col0])
+    if not fused:
+        return
     tiles_n = vm.cdiv(n, bn)
     gc = vm.global_view(counters, [tiles_n * vm.cdiv(m, bm)])
     seen = vm.arrive(gc, [vm.block_index(2) * tiles_n + vm.block_index(0)], split)
@@ -257,7 +265,8 @@ def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                  wtype: DType,
                  group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                 warps_n: int, split: int, stages: int | None) -> None:
+                 warps_n: int, split: int, stages: int | None, fused_split: bool = True
+                 ) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
@@ -298,7 +307,7 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
         xa = vm.load_shared(sx, lay.a, [0, 0], [bm, bk])
         _multiply_step(xa, packed, scale, zero, acc, lw, wtype, adtype, zero_point)
         vm.sync()
-    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split)
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     for t in (sx, sw, ss, sz):
         if t is not None:
             vm.free_shared(t)
@@ -311,7 +320,8 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                counters: vm.ptr[vm.int32], wtype: vm.constexpr = vm.int4,
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
-               stages: int | None = None, prefetch: int = 1, weights_shared: bool = False):
+               stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
+               fused_split: bool = True):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1).
 
     ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
@@ -319,7 +329,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared)
+                     prefetch, weights_shared, fused_split)
 
 
 @vm.program
@@ -331,11 +341,35 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
                     stages: int | None = None, prefetch: int = 1,
-                    weights_shared: bool = False):
+                    weights_shared: bool = False, fused_split: bool = True):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared)
+                     prefetch, weights_shared, fused_split)
+
+
+def _finish(total, ws, y, adtype: DType) -> None:
+    per = 8
+    block = 128 * per
+    vm.set_grid(vm.cdiv(total, block))
+    lay = vm.spatial(128).local(per)
+    start = [vm.block_index(0) * block]
+    gws = vm.global_view(ws, [total])
+    acc = vm.load_global(gws, start, [block], lay)
+    vm.store_global(vm.global_view(y, [total]), vm.cast(acc, adtype), start)
+    vm.store_global(gws, vm.register_tensor(vm.float32, [block], lay, init=0.0), start)
+
+
+@vm.program(warps=4)
+def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
+    """``y = float16(ws); ws = 0`` (the unfused split-K epilogue, ``fused_split=False``)."""
+    _finish(total, ws, y, vm.float16)
+
+
+@vm.program(warps=4)
+def finish_split_bf16(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.bfloat16]):
+    """``y = bfloat16(ws); ws = 0`` (the epilogue of :func:`quant_gemm_bf16`)."""
+    _finish(total, ws, y, vm.bfloat16)
 
 
 # ---------------------------------------------------------------------------------------

@@ -167,7 +167,7 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warps_m: int, warp
 def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                   wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                   warps_m: int, warps_n: int, split: int, stages: int | None,
-                  prefetch: int) -> None:
+                  prefetch: int, fused_split: bool = True) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     _check_schedule(adtype, bm, bn, bk, warps_m, warps_n, prefetch, group)
     threads = warps_m * warps_n * 32
@@ -245,7 +245,7 @@ def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                 vm.assign(dst, src)
         if not stages or stages < 2:
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
-    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split)
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     vm.free_shared(sb)
     vm.free_shared(sx)
 
@@ -258,11 +258,13 @@ def quant_gemm_prefill(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float
                        wtype: vm.constexpr = vm.int4,
                        group: int = 128, zero_point: bool = False, bm: int = 128,
                        bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
-                       split: int = 1, stages: int | None = 3, prefetch: int = 1):
+                       split: int = 1, stages: int | None = 3, prefetch: int = 1,
+                       fused_split: bool = True):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1),
     on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
     _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
-                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch)
+                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
+                  fused_split)
 
 
 @vm.program
@@ -273,10 +275,12 @@ def quant_gemm_prefill_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.
                             wtype: vm.constexpr = vm.int4,
                             group: int = 128, zero_point: bool = False, bm: int = 128,
                             bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
-                            split: int = 1, stages: int | None = 3, prefetch: int = 1):
+                            split: int = 1, stages: int | None = 3, prefetch: int = 1,
+                            fused_split: bool = True):
     """:func:`quant_gemm_prefill` with bfloat16 activations, scales, zeros and output."""
     _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype, group,
-                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch)
+                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
+                  fused_split)
 
 
 def threads_fit(wtype: DType, schedule: GemmSchedule) -> bool:
