@@ -5,7 +5,7 @@ from __future__ import annotations
 import lowvm
 from lowvm.kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
 from lowvm.kernels.matmul_f16 import matmul_f16
-from lowvm.kernels.quant_gemm import GemmSchedule, quant_gemm
+from lowvm.kernels.quant_gemm import GemmSchedule, finish_split, quant_gemm
 from lowvm.kernels.quant_matmul import quant_matmul
 from lowvm.kernels.vector_add import vector_add
 
@@ -28,4 +28,7 @@ EXAMPLES = {
                                                    .constants()}),
     "quant_gemm_int3_staged": (quant_gemm, {"wtype": lowvm.int3, **GemmSchedule(
         split=2, stages=6, weights_shared=True).constants()}),
+    "quant_gemm_int4_m64_unfused": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        bm=64, warps_m=2, split=4, stages=3, fused_split=False).constants()}),
+    "finish_split": (finish_split, {}),
 }
