@@ -11,6 +11,7 @@ quant_gemm; ``--prefill-schedules`` lists its schedules as bm:bn:warps_m:warps_n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -123,8 +124,8 @@ def main() -> None:
                                 if "0" in args.weights_shared.split(",") else [])
                     variants += [(sp, 1, st, True) for sp in splits for st in staged]
                 for sp, depth, st, shared in variants:
-                    s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, sp,
-                                     st, depth, weights_shared=shared)
+                    s = dataclasses.replace(base, split=sp, stages=st, prefetch=depth,
+                                            weights_shared=shared)
                     if (k // s.bk) % (sp * depth):
                         continue
                     y = quant_linear(x, qw, s)

@@ -6,12 +6,12 @@ Usage on the device: ncu --set full -k regex:quant_gemm -c 1 python benchmarks/p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import numpy as np
 import torch
 
 from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear, quantize_to_codes
-from lowvm.kernels.quant_gemm import GemmSchedule
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--k", type=int, default=4096)
@@ -29,11 +29,11 @@ qw = prepare_weight(codes, scales, "int4", 128)
 x = torch.randn(args.m, args.k, device="cuda", dtype=torch.float16)
 s = choose_schedule(args.m, args.n, args.k, qw.bk)
 if args.prefetch:
-    s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split, s.stages, args.prefetch)
+    s = dataclasses.replace(s, prefetch=args.prefetch)
 if args.staged >= 0:
-    s = GemmSchedule(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split,
-                     args.staged or None, 1 if args.staged else (args.prefetch or 4),
-                     weights_shared=args.staged > 0)
+    s = dataclasses.replace(s, stages=args.staged or None,
+                            prefetch=1 if args.staged else (args.prefetch or 4),
+                            weights_shared=args.staged > 0)
 for _ in range(3):
     quant_linear(x, qw, s)
 torch.cuda.synchronize()

@@ -4,12 +4,13 @@ zero points) and prefill (pipelined x, 4x4 warps) schedules, with a masked M."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 import lowvm
 from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear
-from lowvm.kernels.quant_gemm import GemmSchedule
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 
 m, n, k, group = 17, 128, 256, 64
@@ -29,8 +30,7 @@ for rows in (3, 130):
     xs = torch.randn(rows, k, device="cuda", dtype=torch.float16)
     base = choose_schedule(rows, n, k, weight.bk)
     for split, prefetch in ((1, 1), (2, 4 if rows <= 16 else 1)):
-        s = GemmSchedule(base.bm, base.bn, base.bk, base.warps_m, base.warps_n, split,
-                         base.stages, prefetch)
+        s = dataclasses.replace(base, split=split, prefetch=prefetch)
         out = quant_linear(xs, weight, s)
 torch.cuda.synchronize()
 print("sanitize targets ran; y[0, :4] =", y[0, :4].tolist(), "out[0, :2] =", out[0, :2].tolist())

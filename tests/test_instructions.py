@@ -5,6 +5,8 @@ Every test builds a ``@vm.program``, runs it on numpy arrays (or CPU torch tenso
 unless a test says otherwise.
 """
 
+import shutil
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -978,3 +980,29 @@ def test_arrive_on_the_gpu():
         assert not bufs[1].any() and not bufs[2].any()
         seen = bufs[4].cpu().numpy().reshape(8, 16, 32)[:, :, 0]
         assert all(sorted(row) == list(range(16)) for row in seen.tolist())
+
+
+@vm.program(warps=1)
+def two_arrivals(c: vm.ptr[vm.int32], out: vm.ptr[vm.int32]):
+    """Two arrivals in one scope (e.g. two split-K outputs of one kernel)."""
+    vm.set_grid(3)
+    gc = vm.global_view(c, [2])
+    first = vm.arrive(gc, [0], 3)
+    second = vm.arrive(gc, [1], 3)
+    lay = vm.spatial(32)
+    vm.store_global(vm.global_view(out, [3 * 32]),
+                    vm.register_tensor(vm.int32, [32], lay, init=first * 10 + second),
+                    [vm.block_index() * 32])
+
+
+def test_two_arrivals_in_one_scope_compile_and_count():
+    out = np.zeros(96, np.int32)
+    counters = np.zeros(2, np.int32)
+    lowvm.interpret(two_arrivals, counters, out)
+    assert out.reshape(3, 32)[:, 0].tolist() == [0, 11, 22] and not counters.any()
+    if shutil.which("nvcc"):
+        from lowvm.codegen import generate_cuda
+        from lowvm.runtime import resource_usage
+
+        cuda = generate_cuda(two_arrivals.build())
+        assert resource_usage(cuda.source, "sm_90")[cuda.kernel_name]["registers"] > 0

@@ -35,9 +35,14 @@ order), stored with one 32-bit store into the destination array (declared
 * Codes reach the lanes with shifts, funnel shifts (``__funnelshift_r`` where a pair
   straddles two 32-bit words, including widths 3, 5, 6, 7) and ``prmt``; positions are
   compile-time constants. Widths 1, 2, 4 use whole words: ``(w >> s) & (mask << t)``
-  applied to both halves of a word at once picks locals ``i`` and ``i + 16/N``; after the
-  per-lane fix-up one ``prmt`` per pair puts locals ``2m, 2m + 1`` (selector ``0x5410``)
-  and ``16/N + 2m, 16/N + 2m + 1`` (``0x7632``) side by side. int8/uint8 to float16 is one
+  applied to both halves of a word at once picks locals ``i`` and ``i + 16/N``. Every
+  result lane is recorded against its source local, and the destination's register
+  pairs are then assembled (:meth:`_Builder.assemble`): one 32-bit store where one value
+  already holds the pair in order, else a ``prmt`` whose selector picks the two lanes.
+  In the plain order the whole-word casts need one ``prmt`` per pair; stored in the
+  :func:`~lowvm.layouts.split_pairs` order (:func:`pair_span`) they need none, and a
+  relayout cast (destination local ``l`` = source local ``perm[l]``) costs nothing more
+  than its permutation. int8/uint8 to float16 is one
   ``prmt`` with the magic bytes (``0x64``) per pair, after one XOR per word for int8.
 
 **Small floats** ``eXmY`` (``n = 1 + X + Y`` bits) to a destination with ``Ed`` exponent

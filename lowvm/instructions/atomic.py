@@ -80,6 +80,7 @@ class Arrive(Instruction):
     it, which reads it with ``load_global(..., coherent=True)``: the fused reduction of
     split-K GEMMs (the last block of a tile converts and clears the workspace). The
     interpreter runs blocks in order, so there block ``i`` of a group sees ``i``.
+    The counter must lie inside its tensor: the interpreter checks it, the GPU does not.
     """
 
     mnemonic = "arrive"
@@ -115,13 +116,14 @@ class Arrive(Instruction):
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")
-        ref, _ = global_ref(cg, self.counter, self.offsets, ["0"] * self.counter.rank)
         ticket = cg.fresh("lowvm_ticket")
         cg.line("__threadfence();  // this block's writes before its arrival (release)")
         cg.line("__syncthreads();")
         cg.line(f"__shared__ unsigned {ticket};")
-        cg.line(f"if (tid == 0) {ticket} = atomicInc(reinterpret_cast<unsigned*>(&{ref}), "
-                f"(unsigned)({cg.expr(self.count)}) - 1u);")
+        with cg.block("if (tid == 0)"):  # its own scope: index names stay local
+            ref, _ = global_ref(cg, self.counter, self.offsets, ["0"] * self.counter.rank)
+            cg.line(f"{ticket} = atomicInc(reinterpret_cast<unsigned*>(&{ref}), "
+                    f"(unsigned)({cg.expr(self.count)}) - 1u);")
         cg.line("__syncthreads();")
         cg.line(f"const int {self.var.name} = (int){ticket};")
         cg.line("__threadfence();  // earlier arrivals' writes before what follows (acquire)")

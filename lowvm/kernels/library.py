@@ -29,6 +29,7 @@ from lowvm.kernels.quant_gemm import (
 )
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
+           "tuned_schedule",
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule"]
@@ -168,6 +169,57 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
                         fused_split=m <= 16)
 
 
+def tuned_schedule(m: int, weight: QuantWeight, cache: Any = None) -> GemmSchedule | None:
+    """The autotuner's pick (:mod:`lowvm.tune`) for this GPU, weight and M bucket, from its
+    cache (``$LOWVM_TUNE_CACHE``, default ``~/.cache/lowvm/tune.json``), when there is
+    one that this weight's repacked format can run; else None (``choose_schedule``).
+
+    ``quant_linear`` asks once per call shape and process: a schedule tuned later is used
+    by the next process. An unreadable cache is reported once and ignored.
+    """
+    from lowvm.tune.cache import TuneCache, TuneKey
+    from lowvm.tune.errors import TuneError
+
+    try:
+        gpu = _device_name(weight.packed.device)
+        entry = (cache or TuneCache()).get(TuneKey.for_problem(
+            gpu, weight.wtype.name, weight.group, weight.n, weight.k, m))
+    except TuneError as exc:
+        _warn_once(f"tune-cache: {exc}")
+        return None
+    if entry is None:
+        return None
+    c = entry.get("schedule", {})
+    try:
+        s = GemmSchedule(bm=int(c["bm"]), bn=int(c["bn"]), bk=int(c["bk"]),
+                         warps_m=int(c["warps_m"]), warps_n=int(c["warps_n"]),
+                         split=int(c.get("split_k", 1)),
+                         stages=int(c["stages"]) if int(c.get("stages", 1)) > 1 else None,
+                         prefetch=1, fused_split=m <= 16)
+    except (KeyError, TypeError, ValueError):
+        return None
+    fits = (s.bk == weight.bk and s.bn == WEIGHT_BN and s.warps_n == WEIGHT_WARPS_N
+            and s.bm % (16 * s.warps_m) == 0 and (weight.k // weight.bk) % s.split == 0)
+    return s if fits else None
+
+
+def _device_name(device: Any) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(device)
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    import warnings
+
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(f"lowvm: {message}; using the built-in schedules", stacklevel=3)
+
+
 def _largest_dividing(limit: int, steps: int) -> int:
     """The largest power of two <= limit dividing ``steps``."""
     p = limit
@@ -188,19 +240,19 @@ def _compiled(program, **constants):
     return _COMPILED[key]
 
 
-_PLANS: dict[tuple, tuple[Any, Any]] = {}
+_PLANS: dict[tuple, tuple[Any, Any, bool]] = {}
 
 
 def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
-          schedule: GemmSchedule | None) -> tuple[Any, Any]:
-    """(compiled GEMM, compiled split-K epilogue or None) for one call shape, cached so a
-    repeated call (every decode step) costs one dict lookup."""
+          schedule: GemmSchedule | None) -> tuple[Any, Any, bool]:
+    """(compiled GEMM, compiled unfused split-K epilogue or None, split > 1) for one call
+    shape, cached so a repeated call (every decode step) costs one dict lookup."""
     key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
            schedule)
     plan = _PLANS.get(key)
     if plan is None:
         n, k = weight.n, weight.k
-        s = schedule or choose_schedule(m, n, k, weight.bk)
+        s = schedule or tuned_schedule(m, weight) or choose_schedule(m, n, k, weight.bk)
         if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
             raise LowvmError(f"schedule {s} does not match the weight's format "
                              f"(bk={weight.bk}, bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
@@ -272,23 +324,30 @@ def _finisher(s: GemmSchedule, bf16: bool) -> Any:
     return _compiled(finish_split_bf16 if bf16 else finish_split)
 
 
-#: per (device, stream): a zeroed float32 workspace and int32 tile counters for split-K;
-#: the GEMM's last block per tile leaves both zeroed again (``store_result``)
+#: per (device, stream, capture): a zeroed float32 workspace and int32 tile counters for
+#: split-K; every split GEMM leaves both zeroed again (``store_result``/``finish_split``)
 _SPLIT: dict[tuple, tuple[Any, Any]] = {}
-#: buffers replaced by larger ones stay alive: a captured CUDA graph may still use them
+#: outgrown buffers of a graph capture: kernels already recorded in it still use them
 _RETIRED: list[tuple[Any, Any]] = []
 
 
 def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
-    """Workspace and counters of at least these sizes for the current stream (split-K
-    launches on one stream run one after another, so they can share them)."""
+    """Workspace and counters of at least these sizes for the current stream.
+
+    Launches on one stream run one after another, so they share one pair. While a CUDA
+    graph is being captured the pair is the capture's own, allocated (and zeroed, by a
+    memset recorded at its first use) inside the capture: buffers allocated outside
+    could be dirtied by another graph replayed in between, or be zeroed only by the
+    recording of an earlier graph. Each replay of a graph then re-zeroes its pair first.
+    """
     import torch
 
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    stream, capture = _stream_and_capture(device)
+    key = (device, stream, capture)
     have = _SPLIT.get(key)
     if have is None or have[0].numel() < ws_numel or have[1].numel() < tiles:
         before = (0, 0) if have is None else (have[0].numel(), have[1].numel())
-        if have is not None:
+        if have is not None and capture:
             _RETIRED.append(have)
         ws = torch.zeros(max(ws_numel, 2 * before[0], 1 << 16), dtype=torch.float32,
                          device=device)
@@ -296,6 +355,20 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
                                device=device)
         have = _SPLIT[key] = (ws, counters)
     return have
+
+
+_RAW_STREAM: list[Any] = []
+
+
+def _stream_and_capture(device: Any) -> tuple[int, int]:
+    """torch's current stream on ``device`` and the id of the graph it is capturing
+    (0: none)."""
+    from lowvm.runtime.driver import capture_id, raw_stream_getter
+
+    if not _RAW_STREAM:
+        _RAW_STREAM.append(raw_stream_getter())
+    stream = int(_RAW_STREAM[0](device.index if device.index is not None else 0))
+    return stream, capture_id(stream)
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
@@ -322,7 +395,7 @@ def choose_prefill_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str,
     return GemmSchedule(s.bm, s.bn, bk, s.warps_m, s.warps_n, s.split, s.stages, s.prefetch)
 
 
-_PREFILL_PLANS: dict[tuple, tuple[Any, Any]] = {}
+_PREFILL_PLANS: dict[tuple, tuple[Any, Any, bool]] = {}
 
 
 def _device_arch(device: Any) -> str:
@@ -334,7 +407,7 @@ def _device_arch(device: Any) -> str:
 
 
 def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
-                  schedule: GemmSchedule | None) -> tuple[Any, Any]:
+                  schedule: GemmSchedule | None) -> tuple[Any, Any, bool]:
     key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
            schedule)
     plan = _PREFILL_PLANS.get(key)

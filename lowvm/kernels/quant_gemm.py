@@ -17,8 +17,12 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   out), so they are read from L2 once per block.
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still
   put every SM to work streaming weights; partial tiles are added atomically into a
-  float32 workspace and the last block of each tile (:func:`store_result`, through
-  ``vm.arrive``) converts it and clears it: one launch, no memset, no epilogue kernel.
+  float32 workspace; with ``fused_split`` (the library's choice for M <= 16) the last
+  block of each tile (:func:`store_result`, through ``vm.arrive``) converts it and
+  clears it — one launch, no memset — else :func:`finish_split` does, as a second
+  kernel (measured faster at M = 64). ``ws`` (``[m, n]`` float32) and ``counters``
+  (int32, at least ``cdiv(m, bm) * cdiv(n, bn)``) must start zeroed; both are left
+  zeroed.
 - **Prefetch**: ``prefetch`` K steps of weights and group scales in flight per thread,
   in round-robin register buffers (no register moves, so each load hides behind
   ``prefetch`` steps of math); ``x`` comes in ``prefetch`` steps at a time.
@@ -153,7 +157,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     if weights_shared:
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages, fused_split)
+                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
+                     fused_split)
         return
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
@@ -174,8 +179,6 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
     scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
 
-    # the 128-byte swizzle keeps ldmatrix conflict-free; rows under 128 bytes stay plain
-    swizzled = bk * adtype.nbits // 8 >= 128
     # x for `prefetch` K steps at a time; the 128-byte swizzle keeps ldmatrix
     # conflict-free (rows under 128 bytes stay plain)
     xk = bk * prefetch
@@ -265,12 +268,14 @@ def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                  wtype: DType,
                  group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                 warps_n: int, split: int, stages: int | None, fused_split: bool = True
-                 ) -> None:
+                 warps_n: int, split: int, stages: int | None, prefetch: int,
+                 fused_split: bool = True) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    vm.static_assert(prefetch == 1, f"weights_shared stages weights `stages` deep; "
+                     f"prefetch={prefetch} must be 1")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     lay = lw.mma
     vm.set_warps(warps_m * warps_n)
@@ -322,7 +327,8 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
                fused_split: bool = True):
-    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1).
+    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
+    (:func:`store_result`).
 
     ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
     ``q * scales``; ``zeros`` is not read without ``zero_point``.

@@ -260,7 +260,7 @@ def quant_gemm_prefill(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float
                        bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
                        split: int = 1, stages: int | None = 3, prefetch: int = 1,
                        fused_split: bool = True):
-    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (``ws[m, n] +=`` in f32 if split > 1),
+    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (split-K as in ``store_result``),
     on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
     _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                   zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,

@@ -11,7 +11,7 @@ read row-major over their list (first entry most significant). A spatial entry `
 is a *replication* digit of size ``k``: threads that differ only in it hold the same
 elements (what a reduction leaves behind).
 
-Everything else is built from four primitives and three combinators:
+Everything else is built from four primitives and these combinators:
 
 * ``local(2, 4)``: one thread holds a 2x4 tile, row-major;
 * ``spatial(8, 4)``: 32 threads, one element each, thread ``t`` at ``(t // 4, t % 4)``;

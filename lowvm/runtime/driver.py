@@ -135,6 +135,17 @@ def raw_stream_getter() -> Callable[[int], int]:
     return public
 
 
+def capture_id(stream: int) -> int:
+    """The id of the CUDA graph capture ``stream`` is recording (unique in the process),
+    or 0 when it is not capturing: work that must be set up once per captured graph
+    (e.g. zeroed scratch memory) keys on it."""
+    result = cu.cuStreamGetCaptureInfo(cu.CUstream(stream))
+    check(result[:2], f"cuStreamGetCaptureInfo(stream {stream:#x})")
+    status, ident = result[1], result[2]
+    active = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    return int(ident) if status == active else 0
+
+
 def stream_handle(stream: Any) -> int:
     """The ``CUstream`` handle (as an int) of a torch stream, a CUstream or an int."""
     handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream / ExternalStream

@@ -33,7 +33,8 @@ class GpuSpec:
     max_blocks_per_sm: int = 32
     mem_latency_us: float = 0.8           # one HBM round trip under load
     k_step_us: float = 0.06               # issue + barrier cost of one K step of a block
-    launch_us: float = 2.5                # one extra kernel (the split-K reduction)
+    launch_us: float = 2.5                # the split-K reduction: a second kernel, or
+    #                                       the last block's fence, ticket and pass
 
     def __post_init__(self) -> None:
         for name in ("sms", "hbm_tbps", "tensor_tflops", "alu_tops", "regs_per_sm",

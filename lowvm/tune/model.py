@@ -16,7 +16,8 @@ The model is a roofline with the effects that decide between tile shapes:
   fit is infinitely slow;
 * **latency**: a block's K loop costs ``k_steps x k_step_us`` and a pipeline fill,
   per wave: long K loops with few blocks are what split-K fixes;
-* **split-K reduction**: one extra launch plus its bytes.
+* **split-K reduction**: about one extra launch (a second kernel, or the last block's
+  fence, ticket and pass over the tile) plus its bytes.
 
 The prediction is the largest of the bytes, FLOPs and latency times plus the split-K
 cost. Its job is ranking, so the tuner measures only the top candidates; the
