@@ -363,12 +363,22 @@ _RAW_STREAM: list[Any] = []
 def _stream_and_capture(device: Any) -> tuple[int, int]:
     """torch's current stream on ``device`` and the id of the graph it is capturing
     (0: none)."""
+    import torch
+
     from lowvm.runtime.driver import capture_id, raw_stream_getter
 
     if not _RAW_STREAM:
         _RAW_STREAM.append(raw_stream_getter())
     stream = int(_RAW_STREAM[0](device.index if device.index is not None else 0))
-    return stream, capture_id(stream)
+    try:
+        return stream, capture_id(stream)
+    except Exception as exc:  # a driver binding without the query: torch's yes/no only
+        if not torch.cuda.is_current_stream_capturing():
+            return stream, 0
+        _warn_once(f"cannot identify the CUDA graph being captured ({exc}); graphs "
+                   "captured on one stream share split-K buffers, so replay them only "
+                   "after their first replay in capture order")
+        return stream, -1
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
