@@ -7,6 +7,7 @@ from lowvm.kernels.cast import cast_roundtrip, pack_lowbit, unpack_lowbit
 from lowvm.kernels.matmul_f16 import matmul_f16
 from lowvm.kernels.quant_gemm import GemmSchedule, finish_split, quant_gemm
 from lowvm.kernels.quant_matmul import quant_matmul
+from lowvm.kernels.repack import repack_program, unpack_program
 from lowvm.kernels.vector_add import vector_add
 
 EXAMPLES = {
@@ -31,4 +32,7 @@ EXAMPLES = {
     "quant_gemm_int4_m64_unfused": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
         bm=64, warps_m=2, split=4, stages=3, fused_split=False).constants()}),
     "finish_split": (finish_split, {}),
+    "repack_int4": (repack_program, {"wtype": lowvm.int4}),
+    "repack_e3m2_bk32": (repack_program, {"wtype": lowvm.float6_e3m2, "bk": 32}),
+    "unpack_int3": (unpack_program, {"wtype": lowvm.int3}),
 }
