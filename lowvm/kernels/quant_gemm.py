@@ -150,6 +150,45 @@ def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
         -1, lw.bytes_per_thread)
 
 
+@dataclass(frozen=True)
+class _Block:
+    """What both bodies of :func:`quant_gemm` set up the same way: layouts, the block's
+    place in the grid and the global views."""
+
+    lw: WeightLayouts
+    col0: Any
+    row0: Any
+    n_tiles: Any
+    k_steps: Any
+    k_tile0: Any
+    gx: Any
+    gw: Any
+    gs: Any
+    gz: Any
+
+    def weight_row(self, kt: Any) -> Any:
+        """First row of K step ``kt``'s tile for this block's N tile."""
+        return (kt * self.n_tiles + vm.block_index(0)) * self.lw.tile_rows
+
+
+def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
+           bn: int, bk: int, warps_m: int, warps_n: int, split: int) -> _Block:
+    vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
+    vm.set_warps(warps_m * warps_n)
+    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
+    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
+    n_tiles = n // bn
+    k_steps = k // bk // split
+    k_tile0 = vm.block_index(1) * k_steps
+    gx = vm.global_view(x, [m, k])
+    # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * tile_rows, +tile_rows)
+    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
+    gs = vm.global_view(scales, [k // group, n])
+    gz = vm.global_view(zeros, [k // group, n])
+    return _Block(lw, col0, row0, n_tiles, k_steps, k_tile0, gx, gw, gs, gz)
+
+
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                      wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
@@ -160,22 +199,10 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
                      fused_split)
         return
-    vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
+               warps_n, split)
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
-    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
-    lay = lw.mma
-    vm.set_warps(warps_m * warps_n)
-    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
-    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
-    n_tiles = n // bn
-    k_steps = k // bk // split
-    k_tile0 = vm.block_index(1) * k_steps
-
-    gx = vm.global_view(x, [m, k])
-    # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * tile_rows, +tile_rows)
-    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
-    gs = vm.global_view(scales, [k // group, n])
-    gz = vm.global_view(zeros, [k // group, n])
+    lw, lay = b.lw, b.lw.mma
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
     scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
 
@@ -185,27 +212,27 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     swizzled = xk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, xk], swizzle_128b(bm, xk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    last = k_tile0 + k_steps - 1
+    last = b.k_tile0 + b.k_steps - 1
 
     def step_data(kt):
         """Packed weights, scales (and zeros) of K step kt, clamped to this block's range."""
         kt = minimum(kt, last)
-        row = (kt * n_tiles + vm.block_index(0)) * lw.tile_rows
-        g = [kt * bk // group, col0]
-        data = [vm.load_global(gw, [row, 0], [lw.tile_rows, lw.chunk], lw.packed),
-                vm.load_global(gs, g, [1, bn], scale_layout)]
+        g = [kt * bk // group, b.col0]
+        data = [vm.load_global(b.gw, [b.weight_row(kt), 0], [lw.tile_rows, lw.chunk],
+                               lw.packed),
+                vm.load_global(b.gs, g, [1, bn], scale_layout)]
         if zero_point:
-            data.append(vm.load_global(gz, g, [1, bn], group_layout))
+            data.append(vm.load_global(b.gz, g, [1, bn], group_layout))
         return data
 
     # `prefetch` K steps of weights and scales in flight per thread, in round-robin
     # register buffers: buffer j is used by step j of each group of `prefetch` steps and
     # then reloaded for the same step of the next group, so a load has `prefetch` steps
     # of math to hide behind and no register is ever moved
-    bufs = [step_data(k_tile0 + j) for j in range(prefetch)]
-    for it in vm.range(k_steps // prefetch, stages=stages):
-        kt0 = k_tile0 + it * prefetch
-        vm.copy_async(sx, gx, [row0, kt0 * bk])
+    bufs = [step_data(b.k_tile0 + j) for j in range(prefetch)]
+    for it in vm.range(b.k_steps // prefetch, stages=stages):
+        kt0 = b.k_tile0 + it * prefetch
+        vm.copy_async(sx, b.gx, [b.row0, kt0 * bk])
         vm.commit_group()
         vm.wait_group(0)
         vm.sync()
@@ -266,42 +293,31 @@ def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType
 
 
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
-                 wtype: DType,
-                 group: int, zero_point: bool, bm: int, bn: int, bk: int, warps_m: int,
-                 warps_n: int, split: int, stages: int | None, prefetch: int,
+                 wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
+                 warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                  fused_split: bool = True) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
-    vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
+    b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
+               warps_n, split)
     vm.static_assert(prefetch == 1, f"weights_shared stages weights `stages` deep; "
                      f"prefetch={prefetch} must be 1")
-    lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
-    lay = lw.mma
-    vm.set_warps(warps_m * warps_n)
-    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
-    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
-    n_tiles = n // bn
-    k_steps = k // bk // split
-    k_tile0 = vm.block_index(1) * k_steps
-    gx = vm.global_view(x, [m, k])
-    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
-    gs = vm.global_view(scales, [k // group, n])
-    gz = vm.global_view(zeros, [k // group, n])
+    lw, lay = b.lw, b.lw.mma
     swizzled = bk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
     sw = vm.shared_tensor(vm.uint8, [lw.tile_rows, lw.chunk])
     ss = vm.shared_tensor(adtype, [1, bn])
     sz = vm.shared_tensor(adtype, [1, bn]) if zero_point else None
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    for it in vm.range(k_steps, stages=stages):
-        kt = k_tile0 + it
-        g = [kt * bk // group, col0]
-        vm.copy_async(sx, gx, [row0, kt * bk])
-        vm.copy_async(sw, gw, [(kt * n_tiles + vm.block_index(0)) * lw.tile_rows, 0])
-        vm.copy_async(ss, gs, g)
+    for it in vm.range(b.k_steps, stages=stages):
+        kt = b.k_tile0 + it
+        g = [kt * bk // group, b.col0]
+        vm.copy_async(sx, b.gx, [b.row0, kt * bk])
+        vm.copy_async(sw, b.gw, [b.weight_row(kt), 0])
+        vm.copy_async(ss, b.gs, g)
         if zero_point:
-            vm.copy_async(sz, gz, g)
+            vm.copy_async(sz, b.gz, g)
         vm.commit_group()
         vm.wait_group(0)
         vm.sync()
