@@ -350,9 +350,9 @@ def _plan_int_pairs(b: _Builder, start: int) -> None:
         b.store(_int_lanes(b, a, t), l0, pair)
 
 
-def _plan_int8_f16(b: _Builder) -> None:
-    """int8/uint8 -> float16: one prmt with the magic bytes per pair."""
-    hi_byte = b.rec.magic >> 8
+def _byte_pairs(b: _Builder):
+    """For int8/uint8 codes: ``(word, j, l0, pair)`` for the byte pairs ``j in (0, 2)`` of
+    each 32-bit word (sign bits flipped once per word for int8), locals ``l0, l0 + 1``."""
     for k in range(-(-b.size // 4)):
         w = b.word(k)
         if b.rec.sign_flip:
@@ -363,31 +363,29 @@ def _plan_int8_f16(b: _Builder) -> None:
                 break
             pair = l0 + 1 < b.size
             b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
-            # bytes: code l0, magic, code l0 + 1, magic
-            x = b.op("prmt", (w, hi_byte * 0x01010101), (0x4040 | (j + 1) << 8 | j,))
-            b.store(_int_finish(b, x, 0), l0, pair)
+            yield w, j, l0, pair
+
+
+def _plan_int8_f16(b: _Builder) -> None:
+    """int8/uint8 -> float16: one prmt with the magic bytes per pair."""
+    hi_byte = b.rec.magic >> 8
+    for w, j, l0, pair in _byte_pairs(b):
+        # bytes: code l0, magic, code l0 + 1, magic
+        x = b.op("prmt", (w, hi_byte * 0x01010101), (0x4040 | (j + 1) << 8 | j,))
+        b.store(_int_finish(b, x, 0), l0, pair)
 
 
 def _plan_int8_bf16(b: _Builder) -> None:
     """int8/uint8 -> bfloat16 through float32's 2^23 magic (bfloat16's 7 bits are too few)."""
     bias = b.rec.f32_bias()
-    for k in range(-(-b.size // 4)):
-        w = b.word(k)
-        if b.rec.sign_flip:
-            w = b.op("lop3", (w, 0xFFFFFFFF, 0x80808080), (LOP3_AND_XOR,))
-        for j in (0, 2):
-            l0 = 4 * k + j
-            if l0 >= b.size:
-                break
-            pair = l0 + 1 < b.size
-            b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
-            halves = []
-            for i in (j, j + 1) if pair else (j,):
-                # bytes: code, 0, 0, 0x4B  ->  2^23 + u as float32
-                f = b.op("prmt", (w, _F32_MAGIC), (0x7540 | i,))
-                halves.append(b.op("fsub", (f,), (bias,)))
-            lanes = b.op("prmt", (halves[0], halves[-1]), (_PRMT_HIGH_HALVES,))
-            b.store(lanes, l0, pair)
+    for w, j, l0, pair in _byte_pairs(b):
+        halves = []
+        for i in (j, j + 1) if pair else (j,):
+            # bytes: code, 0, 0, 0x4B  ->  2^23 + u as float32
+            f = b.op("prmt", (w, _F32_MAGIC), (0x7540 | i,))
+            halves.append(b.op("fsub", (f,), (bias,)))
+        lanes = b.op("prmt", (halves[0], halves[-1]), (_PRMT_HIGH_HALVES,))
+        b.store(lanes, l0, pair)
 
 
 def _float_finish(b: _Builder, z: str, clean: bool) -> str:
