@@ -51,6 +51,16 @@ def _check_int32(name: str, tensor: torch.Tensor, where: str) -> None:
                                     f"got {got}")
 
 
+def _check_scales(scales: torch.Tensor, n: int, where: str) -> int:
+    """The number of scale groups of a float ``[groups, n]`` scales tensor (else an error)."""
+    if not isinstance(scales, torch.Tensor) or scales.dim() != 2 or scales.shape[1] != n \
+            or not scales.dtype.is_floating_point:
+        raise CheckpointImportError(f"{where}: scales must be a float [groups, {n}] tensor; got "
+                                    f"{getattr(scales, 'dtype', type(scales))} "
+                                    f"{tuple(getattr(scales, 'shape', ()))}")
+    return scales.shape[0]
+
+
 def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], where: str) -> None:
     if tuple(tensor.shape) != shape:
         raise CheckpointImportError(f"{where}: {name} has shape {tuple(tensor.shape)}; "
@@ -99,12 +109,7 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     _check_int32("qweight", qweight, where)
     _check_int32("qzeros", qzeros, where)
     k, n = qweight.shape[0] * 32 // bits, qweight.shape[1]
-    if not isinstance(scales, torch.Tensor) or scales.dim() != 2 or scales.shape[1] != n \
-            or not scales.dtype.is_floating_point:
-        raise CheckpointImportError(f"{where}: scales must be a float [groups, {n}] tensor; got "
-                                    f"{getattr(scales, 'dtype', type(scales))} "
-                                    f"{tuple(getattr(scales, 'shape', ()))}")
-    groups = scales.shape[0]
+    groups = _check_scales(scales, n, where)
     if k % groups:
         raise CheckpointImportError(f"{where}: {groups} scale groups do not divide K={k}")
     group_size = k // groups if group_size in (None, -1) else group_size
@@ -150,12 +155,7 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     _check_int32("qweight", qweight, where)
     _check_int32("qzeros", qzeros, where)
     k, n = qweight.shape[0], qweight.shape[1] * 8
-    if not isinstance(scales, torch.Tensor) or scales.dim() != 2 or scales.shape[1] != n \
-            or not scales.dtype.is_floating_point:
-        raise CheckpointImportError(f"{where}: scales must be a float [groups, {n}] tensor; got "
-                                    f"{getattr(scales, 'dtype', type(scales))} "
-                                    f"{tuple(getattr(scales, 'shape', ()))}")
-    groups = scales.shape[0]
+    groups = _check_scales(scales, n, where)
     if k % groups or (group_size not in (None, -1) and group_size * groups != k):
         raise CheckpointImportError(f"{where}: {groups} scale groups (group_size={group_size})"
                                     f" do not cover K={k}")
