@@ -79,17 +79,22 @@ def test_uneven_splits_are_program_errors():
         prefill_layouts(lowvm.int4, 96, 128, 128)
 
 
-def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=2):
-    rng = np.random.default_rng(seed)
-    n, k, g = 128, 512, 128
-    wt = lowvm.dtype(wtype)
+def _weights(rng, wt, n, k, g, zero_point):
+    """Codes [n, k], scales [k/g, n] and zeros (codes of the zero point, or None)."""
     if zero_point:
         codes = rng.integers(0, 2 ** wt.nbits, size=(n, k)).astype(np.uint8)
         scales = (rng.random((k // g, n)) / 8 + 0.01).astype(np.float16)
         zeros = rng.integers(0, 2 ** wt.nbits, size=(k // g, n)).astype(np.float16)
-    else:
-        codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wt, g)
-        zeros = None
+        return codes, scales, zeros
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wt, g)
+    return codes, scales, None
+
+
+def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=2):
+    rng = np.random.default_rng(seed)
+    n, k, g = 128, 512, 128
+    wt = lowvm.dtype(wtype)
+    codes, scales, zeros = _weights(rng, wt, n, k, g, zero_point)
     packed = repack_weights(codes, wt, FORMAT)
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = _reference(x, codes, scales, wt, g, zeros)
@@ -223,13 +228,7 @@ def _gpu_check(wtype, m, schedule, zero_point=False, n=256, k=1024):
     rng = np.random.default_rng(7)
     g = 128
     wt = lowvm.dtype(wtype)
-    if zero_point:
-        codes = rng.integers(0, 2 ** wt.nbits, size=(n, k)).astype(np.uint8)
-        scales = (rng.random((k // g, n)) / 8 + 0.01).astype(np.float16)
-        zeros = rng.integers(0, 2 ** wt.nbits, size=(k // g, n)).astype(np.float16)
-    else:
-        codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wt, g)
-        zeros = None
+    codes, scales, zeros = _weights(rng, wt, n, k, g, zero_point)
     qw = prepare_weight(codes, scales, wt, g, zeros=zeros)
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = _reference(x, codes, scales, wt, g, zeros)
