@@ -310,7 +310,7 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     if split:  # output tiles are at least 16 x 64
         ws, counters = _split_buffers(x.device, m * n, -(-m // 16) * (n // WEIGHT_BN))
     else:
-        ws, counters = _dummy(x.device), _dummy_counters(x.device)
+        ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
     if finish is not None:
         finish(m * n, ws, y)
@@ -357,9 +357,6 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
     return have
 
 
-_RAW_STREAM: list[Any] = []
-
-
 def _stream_and_capture(device: Any) -> tuple[int, int]:
     """torch's current stream on ``device`` and the id of the graph it is capturing
     (0: none)."""
@@ -367,9 +364,7 @@ def _stream_and_capture(device: Any) -> tuple[int, int]:
 
     from lowvm.runtime.driver import capture_id, raw_stream_getter
 
-    if not _RAW_STREAM:
-        _RAW_STREAM.append(raw_stream_getter())
-    stream = int(_RAW_STREAM[0](device.index if device.index is not None else 0))
+    stream = int(raw_stream_getter()(device.index if device.index is not None else 0))
     try:
         return stream, capture_id(stream)
     except Exception as exc:  # a driver binding without the query: torch's yes/no only
@@ -466,9 +461,3 @@ def _dummy(device: Any, dtype: Any = None) -> Any:
     if (device, dtype) not in _DUMMIES:
         _DUMMIES[device, dtype] = torch.zeros(4, dtype=dtype, device=device)
     return _DUMMIES[device, dtype]
-
-
-def _dummy_counters(device: Any) -> Any:
-    import torch
-
-    return _dummy(device, torch.int32)

@@ -14,6 +14,7 @@ and only when no context is current on this thread retains and binds the primary
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -115,6 +116,7 @@ def ensure_context(device: int) -> None:
     check(cu.cuCtxSetCurrent(primary), f"cuCtxSetCurrent(primary context of cuda:{device})")
 
 
+@functools.cache
 def raw_stream_getter() -> Callable[[int], int]:
     """A function ``device -> int`` giving torch's current stream handle on ``device``.
 
