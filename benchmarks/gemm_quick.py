@@ -34,6 +34,14 @@ from lowvm.kernels.quant_gemm import GemmSchedule
 SHAPES = [(4096, 28672), (4096, 6144), (14336, 4096), (8192, 10240), (28672, 8192)]
 
 
+def parse_shape(spec: str) -> tuple[int, int]:
+    """``--shapes`` item: an index into SHAPES, or ``KxN`` (e.g. 4096x1024)."""
+    if "x" in spec:
+        k, n = spec.split("x")
+        return int(k), int(n)
+    return SHAPES[int(spec)]
+
+
 def timed(fn, flush, runs=30):
     fn()
     torch.cuda.synchronize()
@@ -77,7 +85,8 @@ def main() -> None:
     ap.add_argument("--out", default="gemm_quick.json")
     ap.add_argument("--ms", default="1,16,64,256,4096")
     ap.add_argument("--types", default="int4")
-    ap.add_argument("--shapes", default="all")
+    ap.add_argument("--shapes", default="all", help="all, or a comma list of SHAPES indices "
+                    "and KxN shapes")
     ap.add_argument("--splits", action="store_true", help="also time every split for M<=16")
     ap.add_argument("--stages", default="", help="x pipeline stages to sweep ('1,2'; "
                     "default: the schedule's)")
@@ -93,7 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     flush = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
     rows = []
-    shapes = SHAPES if args.shapes == "all" else [SHAPES[int(i)] for i in args.shapes.split(",")]
+    shapes = SHAPES if args.shapes == "all" else [parse_shape(s) for s in args.shapes.split(",")]
     rng = np.random.default_rng(0)
     for k, n in shapes:
         w = rng.standard_normal((n, k), dtype=np.float32)
