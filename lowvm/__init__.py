@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
 
-_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig")
+_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "fuse_projections", "FuseReport")
 
 
 def __getattr__(name: str) -> object:

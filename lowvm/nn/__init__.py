@@ -1,7 +1,8 @@
 """Quantized layers for PyTorch and Hugging Face models.
 
 ``QuantLinear`` (a low-bit ``nn.Linear``), ``quantize_model`` (replace a model's linears),
-``LowvmConfig`` (quantize while ``from_pretrained`` loads) and the GPTQ/AWQ importers.
+``LowvmConfig`` (quantize while ``from_pretrained`` loads), the GPTQ/AWQ importers and
+``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving).
 Names load lazily so that ``import lowvm`` does not pay for torch or transformers.
 """
 
@@ -12,7 +13,8 @@ from typing import Any
 
 __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_gptq",
            "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
-           "WeightFormatError", "LowvmFallbackWarning"]
+           "WeightFormatError", "LowvmFallbackWarning", "fuse_projections", "FuseReport",
+           "FuseError", "FusedGateUpMLP", "concat_out_features"]
 
 _WHERE = {
     "QuantLinear": "lowvm.nn.quant_linear",
@@ -26,6 +28,8 @@ _WHERE = {
     "CheckpointImportError": "lowvm.nn.errors",
     "WeightFormatError": "lowvm.nn.errors",
     "LowvmFallbackWarning": "lowvm.nn.backend",
+    **dict.fromkeys(("fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
+                     "concat_out_features"), "lowvm.nn.fuse"),
 }
 
 

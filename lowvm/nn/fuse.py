@@ -1,0 +1,603 @@
+"""Serving-time projection fusion: q/k/v into one ``QuantLinear``, gate/up into another.
+
+At batch 1 a decode step's GEMMs are small and latency-bound, so each launch and each
+kernel's tail cost about as much as the weights they stream. :func:`fuse_projections`
+turns the 7 quantized GEMMs of a Llama-family layer into 4 (``qkv_proj``, ``o_proj``,
+``gate_up_proj``, ``down_proj``), in place.
+
+* **No unpacking.** The kernel's repacked weight stores ``bn x bk`` tiles one after
+  another, K tile major, then N tile (the order :mod:`lowvm.nn.kernel_format` checks
+  against the library), so ``qweight`` viewed as ``[K/bk, N/bn, rows, chunk]`` concatenates
+  along N with one ``torch.cat``; scales, zeros and bias concatenate by column. Should the
+  library ever store tiles otherwise, the codes are unpacked and repacked instead.
+* **Exactly the model's arithmetic.** Attention keeps its class (a subclass replaces it,
+  so ``isinstance`` checks, hooks and attributes stay) and its forward does what the
+  Hugging Face forward does, with the helpers of the class's own modeling module
+  (rotary embedding, cache update, the attention function of
+  ``config._attn_implementation``). Only classes whose forward lowvm reproduces are
+  fused: the forward's source is compared (as a syntax tree, annotations left out) with
+  the versions this file was written against (transformers 5.17 and 5.23); any other is
+  skipped with the reason, never run with a forward that might differ.
+* **Checkpoints stay unfused.** A fused block's ``state_dict()`` splits its buffers back
+  into the original keys and tensors (so ``save_pretrained`` writes the unfused model),
+  and ``load_state_dict`` of an unfused state dict merges them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib
+import inspect
+import sys
+import textwrap
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
+
+from lowvm.errors import LowvmError
+from lowvm.nn.quant_linear import QuantLinear
+
+__all__ = ["fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
+           "concat_out_features", "concat_problem"]
+
+
+class FuseError(LowvmError, TypeError, ValueError):
+    """Something fusion cannot take: a non-module model, or layers of different formats."""
+
+
+@dataclass
+class FuseReport:
+    """What :func:`fuse_projections` did. ``skipped``: ``(module name, why)`` for every
+    attention/MLP-like module left as it was; blocks fused by an earlier call are counted
+    in ``already_fused``."""
+
+    attention_fused: int = 0
+    mlps_fused: int = 0
+    already_fused: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        text = (f"lowvm: fused q/k/v of {self.attention_fused} attention blocks and gate/up "
+                f"of {self.mlps_fused} MLPs")
+        if self.already_fused:
+            text += f" ({self.already_fused} fused before)"
+        text += f"; skipped {len(self.skipped)}"
+        if self.skipped:
+            name, why = self.skipped[0]
+            text += f" (first: {name}: {why})"
+        return text
+
+
+# --------------------------------------------------------------------------------------
+# Concatenating and splitting QuantLinear layers along out_features
+
+
+def _layer_problem(name: str, layer: Any) -> str | None:
+    if type(layer) is not QuantLinear:
+        return (f"{name} is {type(layer).__name__}, not a lowvm QuantLinear (quantize the "
+                "model first; only quantized projections are fused)")
+    if _has_hooks(layer):
+        return f"{name} has hooks, which a fused layer would drop"
+    return None
+
+
+def concat_problem(layers: Sequence[Any], names: Sequence[str] | None = None) -> str | None:
+    """Why ``layers`` cannot be concatenated along out_features (a sentence), or None."""
+    names = list(names) if names is not None else [f"layers[{i}]" for i in range(len(layers))]
+    if not layers:
+        return "no layers given"
+    for name, layer in zip(names, layers, strict=True):
+        problem = _layer_problem(name, layer)
+        if problem:
+            return problem
+    first = layers[0]
+    for name, layer in zip(names[1:], layers[1:], strict=True):
+        for what, mine, theirs in (
+                ("in_features", layer.in_features, first.in_features),
+                ("format (dtype, group_size, zero_point)", layer.spec, first.spec),
+                ("device", layer.qweight.device, first.qweight.device),
+                ("bias", None if layer.bias is None else layer.bias.dtype,
+                 None if first.bias is None else first.bias.dtype)):
+            if mine != theirs:
+                return f"{name} has {what} {mine!r}, {names[0]} has {theirs!r}"
+        if (layer.input_perm is None) != (first.input_perm is None) or (
+                layer.input_perm is not None and first.input_perm is not None
+                and not torch.equal(layer.input_perm, first.input_perm)):
+            return (f"{name} and {names[0]} permute their inputs differently (GPTQ act-order);"
+                    " one GEMM takes one input order")
+    return None
+
+
+def _tile_view_ok(layer: QuantLinear) -> bool:
+    """True when ``qweight`` is whole tiles stored K tile major (checked by the format)."""
+    fmt = layer.kernel_format
+    return bool(fmt.fast) and fmt.tile_bytes % fmt.chunk == 0
+
+
+def _tiles(qweight: torch.Tensor, layer: QuantLinear, n: int) -> torch.Tensor:
+    """``qweight`` of an ``[n, K]`` weight as ``[K/bk, n/bn, rows per tile, chunk]``."""
+    fmt = layer.kernel_format
+    return qweight.reshape(layer.in_features // fmt.bk, n // fmt.bn,
+                           fmt.tile_bytes // fmt.chunk, fmt.chunk)
+
+
+def _concat_qweight(parts: Sequence[torch.Tensor], sizes: Sequence[int],
+                    like: QuantLinear) -> torch.Tensor:
+    """The repacked bytes of the weights ``parts`` (each ``[sizes[i], K]``) stacked along N."""
+    fmt, k = like.kernel_format, like.in_features
+    if _tile_view_ok(like):
+        joined = torch.cat([_tiles(p, like, n) for p, n in zip(parts, sizes, strict=True)], 1)
+        return joined.reshape(fmt.shape(sum(sizes), k))
+    codes = torch.cat([fmt.unpack(p, n, k) for p, n in zip(parts, sizes, strict=True)])
+    return fmt.repack(codes)
+
+
+def _split_qweight(qweight: torch.Tensor, sizes: Sequence[int],
+                   like: QuantLinear) -> list[torch.Tensor]:
+    """The inverse of :func:`_concat_qweight`: one contiguous tensor per part."""
+    fmt, k = like.kernel_format, like.in_features
+    if _tile_view_ok(like):
+        tiles = _tiles(qweight, like, sum(sizes))
+        chunks = tiles.split([n // fmt.bn for n in sizes], dim=1)
+        return [c.contiguous().reshape(fmt.shape(n, k)) for c, n in zip(chunks, sizes,
+                                                                         strict=True)]
+    codes = fmt.unpack(qweight, sum(sizes), k)
+    return [fmt.repack(c.contiguous()) for c in codes.split(list(sizes))]
+
+
+def concat_out_features(layers: Sequence[QuantLinear]) -> QuantLinear:
+    """One ``QuantLinear`` whose output is ``torch.cat([l(x) for l in layers], -1)``.
+
+    The layers must share in_features, format, device, bias presence and dtype, and input
+    permutation (else :class:`FuseError`). The originals are not changed; the caller drops
+    them, so only one copy of the weights outlives the call.
+    """
+    problem = concat_problem(layers)
+    if problem:
+        raise FuseError(f"concat_out_features: {problem}")
+    first = layers[0]
+    sizes = [layer.out_features for layer in layers]
+    fused = QuantLinear(first.in_features, sum(sizes), first.spec.wtype, first.spec.group_size,
+                        first.spec.zero_point, bias=first.bias is not None,
+                        act_order=first.input_perm is not None, device="meta",
+                        bias_dtype=torch.float16 if first.bias is None else first.bias.dtype)
+    with torch.no_grad():
+        fused.qweight = _concat_qweight([layer.qweight for layer in layers], sizes, first)
+        fused.scales = torch.cat([layer.scales for layer in layers], 1)
+        if first.zeros is not None:
+            fused.zeros = torch.cat([layer.zeros for layer in layers], 1)  # type: ignore[misc]
+        if first.bias is not None:
+            fused.bias = torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
+        if first.input_perm is not None:
+            fused.input_perm = first.input_perm.clone()
+    fused.train(first.training)
+    return fused
+
+
+def _split_entry(key: str, value: Any, layer: QuantLinear,
+                 sizes: Sequence[int]) -> list[Any]:
+    """One state-dict entry of a fused layer as the entries of its parts."""
+    if key == "qweight":
+        return _split_qweight(value, sizes, layer)
+    if key in ("scales", "zeros"):
+        return [part.contiguous() for part in value.split(list(sizes), dim=1)]
+    if key == "bias":
+        return [part.clone() for part in value.split(list(sizes))]
+    return [value.clone() if isinstance(value, torch.Tensor) else value for _ in sizes]
+
+
+def _merge_entries(key: str, values: list[Any], layer: QuantLinear,
+                   sizes: Sequence[int]) -> Any:
+    """The entries of the parts as the fused layer's entry (inverse of _split_entry)."""
+    device = layer.qweight.device
+    if key == "qweight":
+        return _concat_qweight([v.to(device) for v in values], sizes, layer)
+    if key in ("scales", "zeros"):
+        return torch.cat([v.to(device) for v in values], 1)
+    if key == "bias":
+        return torch.cat([v.to(device) for v in values])
+    if key == _EXTRA_STATE_KEY_SUFFIX:  # a differing record is passed on: its check refuses
+        own = layer.get_extra_state()
+        return next((v for v in values if not (isinstance(v, torch.Tensor)
+                                               and torch.equal(v.cpu(), own))), values[0])
+    return values[0]  # input_perm: the parts' (checked equal by the loader's copy)
+
+
+def _expected_shape(key: str, layer: QuantLinear, n: int) -> tuple[int, ...] | None:
+    if key == "qweight":
+        return tuple(layer.kernel_format.shape(n, layer.in_features))
+    if key in ("scales", "zeros"):
+        return (layer.in_features // layer.spec.group_size, n)
+    if key == "bias":
+        return (n,)
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# State dicts of fused blocks: saved split, loaded merged
+
+_FUSED_ATTR = "_lowvm_fused"  # {fused child: ((part name, out_features), ...)}
+
+
+def _split_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                      local_metadata: dict[str, Any]) -> None:
+    """state_dict post-hook: the fused children's entries become the parts' entries, in
+    place and in the unfused order (this module's keys are the dict's tail)."""
+    fused: dict[str, tuple[tuple[str, int], ...]] = getattr(module, _FUSED_ATTR)
+    mine = [key for key in state_dict if key.startswith(prefix)]
+    entries = [(key, state_dict.pop(key)) for key in mine]
+    metadata = getattr(state_dict, "_metadata", None)
+    done: set[str] = set()
+    for key, value in entries:
+        child = key[len(prefix):].partition(".")[0]
+        if child not in fused:
+            state_dict[key] = value
+            continue
+        if child in done:
+            continue
+        done.add(child)
+        layer = getattr(module, child)
+        parts = fused[child]
+        sizes = [n for _, n in parts]
+        own = [(k, v) for k, v in entries if k.startswith(f"{prefix}{child}.")]
+        split = {k: _split_entry(k[len(prefix) + len(child) + 1:], v, layer, sizes)
+                 for k, v in own}
+        for i, (part, _) in enumerate(parts):
+            for k, values in split.items():
+                state_dict[f"{prefix}{part}.{k[len(prefix) + len(child) + 1:]}"] = values[i]
+        if metadata is not None and f"{prefix}{child}" in metadata:
+            record = metadata.pop(f"{prefix}{child}")
+            for part, _ in parts:
+                metadata[f"{prefix}{part}"] = dict(record)
+
+
+def _merge_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                      local_metadata: dict[str, Any], strict: bool, missing_keys: list[str],
+                      unexpected_keys: list[str], error_msgs: list[str]) -> None:
+    """load_state_dict pre-hook: an unfused state dict's parts become the fused entries.
+    Parts missing (a partial state dict) are left alone, to be reported as usual."""
+    fused: dict[str, tuple[tuple[str, int], ...]] = getattr(module, _FUSED_ATTR)
+    for child, parts in fused.items():
+        layer = getattr(module, child)
+        locals_ = [*(name for name, buf in layer._buffers.items()
+                     if buf is not None and name not in layer._non_persistent_buffers_set),
+                   _EXTRA_STATE_KEY_SUFFIX]
+        keys = {local: [f"{prefix}{part}.{local}" for part, _ in parts] for local in locals_}
+        if not all(k in state_dict for ks in keys.values() for k in ks):
+            continue
+        bad = [f"size mismatch for {k}: copying a param with shape "
+               f"{tuple(state_dict[k].shape)} from checkpoint, the shape in current model is "
+               f"{shape}." for local, ks in keys.items()
+               for k, (_, n) in zip(ks, parts, strict=True)
+               if (shape := _expected_shape(local, layer, n)) is not None
+               and tuple(state_dict[k].shape) != shape]
+        if "input_perm" in keys and not all(
+                torch.equal(state_dict[k], state_dict[keys["input_perm"][0]])
+                for k in keys["input_perm"]):
+            bad.append(f"{', '.join(keys['input_perm'])} differ; the fused {prefix}{child} "
+                       "takes one input permutation")
+        sizes = [n for _, n in parts]
+        values = {local: [state_dict.pop(k) for k in ks] for local, ks in keys.items()}
+        if bad:
+            error_msgs.extend(bad)
+            continue
+        for local, vals in values.items():
+            state_dict[f"{prefix}{child}.{local}"] = _merge_entries(local, vals, layer, sizes)
+
+
+def _mark_fused(module: nn.Module, child: str, parts: tuple[tuple[str, int], ...]) -> None:
+    """Record a fused child and make the module's state dict split/merge it."""
+    fused = getattr(module, _FUSED_ATTR, None)
+    if fused is None:
+        fused = {}
+        object.__setattr__(module, _FUSED_ATTR, fused)
+        module.register_state_dict_post_hook(_split_state_dict)
+        module.register_load_state_dict_pre_hook(_merge_state_dict)
+    fused[child] = parts
+
+
+def _replace_children(module: nn.Module, parts: Sequence[str], name: str,
+                      new: nn.Module) -> None:
+    """Put ``new`` where the first of ``parts`` was and drop the parts (keeps key order)."""
+    children = {}
+    for child, sub in module._modules.items():
+        if child == parts[0]:
+            children[name] = new
+        elif child not in parts:
+            children[child] = sub
+    module._modules.clear()
+    module._modules.update(children)
+
+
+def _has_hooks(module: nn.Module) -> bool:
+    return any(getattr(module, attr, None) for attr in (
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+        "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
+        "_load_state_dict_post_hooks"))
+
+
+# --------------------------------------------------------------------------------------
+# Which Hugging Face classes lowvm reproduces
+
+class _Style(NamedTuple):
+    """How a known attention forward differs from Llama's."""
+
+    sliding: str | None  # None: no sliding_window argument; "config" / "attr": where from
+    qk_norm: bool  # q_norm/k_norm on each head before the rotary embedding (Qwen3)
+
+
+_TF = "transformers.models"
+_ATTENTION: dict[tuple[str, str], _Style] = {
+    (f"{_TF}.llama.modeling_llama", "LlamaAttention"): _Style(None, False),
+    (f"{_TF}.mistral.modeling_mistral", "MistralAttention"): _Style("config", False),
+    (f"{_TF}.qwen2.modeling_qwen2", "Qwen2Attention"): _Style("attr", False),
+    (f"{_TF}.qwen3.modeling_qwen3", "Qwen3Attention"): _Style("attr", True),
+}
+_MLP = {(f"{_TF}.llama.modeling_llama", "LlamaMLP"),
+        (f"{_TF}.mistral.modeling_mistral", "MistralMLP"),
+        (f"{_TF}.qwen2.modeling_qwen2", "Qwen2MLP"),
+        (f"{_TF}.qwen3.modeling_qwen3", "Qwen3MLP")}
+# _forward_fingerprint of each class's forward in transformers 5.17.0 and 5.23.0 (equal
+# there, and the same on Python 3.8-3.13)
+_KNOWN_FORWARDS = {
+    "LlamaAttention": {"c2ef3fbb30977e41"},
+    "MistralAttention": {"477db29ff9c14780"},
+    "Qwen2Attention": {"a7628cbae0ae1f4a"},
+    "Qwen3Attention": {"534e89fa12a5c240"},
+    **dict.fromkeys(("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"), {"189facc23dad2ca3"}),
+}
+
+
+def _canonical(node: Any) -> str:
+    """A syntax tree as text that is the same on every Python >= 3.10 (ast.dump's form
+    changed in 3.13): node names and fields, empty fields left out."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={_canonical(value)}" for name, value in ast.iter_fields(node)
+                  if value is not None and value != [] and name != "type_comment"]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(item) for item in node) + "]"
+    return repr(node)
+
+
+@functools.cache
+def _forward_fingerprint(cls: type) -> str | None:
+    """A hash of ``cls.forward``'s code, annotations and decorators left out; None when
+    its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    func = tree.body[0]
+    if not isinstance(func, ast.FunctionDef):
+        return None
+    for node in ast.walk(func):
+        if isinstance(node, ast.arg):
+            node.annotation = None
+    text = _canonical(func.args) + _canonical(func.body)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _known(cls: type, table: Any) -> str | None:
+    """Why ``cls`` is not a class lowvm fuses (None when it is)."""
+    if (cls.__module__, cls.__name__) not in table:
+        return (f"class {cls.__name__} is not one whose forward lowvm reproduces "
+                "(Llama, Mistral, Qwen2, Qwen3)")
+    if _forward_fingerprint(cls) not in _KNOWN_FORWARDS[cls.__name__]:
+        import transformers
+
+        return (f"{cls.__name__}.forward of transformers {transformers.__version__} differs "
+                "from the one lowvm reproduces (transformers 5.17-5.23)")
+    return None
+
+
+# --------------------------------------------------------------------------------------
+# The fused modules
+
+
+class FusedGateUpMLP(nn.Module):
+    """A Llama-style MLP with gate and up in one GEMM: ``down(act(gate) * up)``."""
+
+    def __init__(self, gate_up_proj: QuantLinear, down_proj: nn.Module,
+                 act_fn: Callable[[torch.Tensor], torch.Tensor],
+                 intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = gate_up_proj
+        self.down_proj = down_proj
+        self.act_fn = act_fn
+        self.intermediate_size = intermediate_size
+        _mark_fused(self, "gate_up_proj", (("gate_proj", intermediate_size),
+                                           ("up_proj", intermediate_size)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+def _attention_forward(module: Any, style: _Style) -> Callable[..., Any]:
+    """The fused forward of one attention class: the HF forward with q/k/v split out of
+    one GEMM, using that class's own modeling helpers."""
+    apply_rotary_pos_emb = module.apply_rotary_pos_emb
+    attention_functions = module.ALL_ATTENTION_FUNCTIONS
+    eager_attention_forward = module.eager_attention_forward
+    sliding, qk_norm = style
+
+    def forward(self: Any, hidden_states: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
+                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+
+        query, key, value = self.qkv_proj(hidden_states).split(self._lowvm_qkv, dim=-1)
+        if qk_norm:
+            query_states = self.q_norm(query.view(hidden_shape)).transpose(1, 2)
+            key_states = self.k_norm(key.view(hidden_shape)).transpose(1, 2)
+        else:
+            query_states = query.view(hidden_shape).transpose(1, 2)
+            key_states = key.view(hidden_shape).transpose(1, 2)
+        value_states = value.view(hidden_shape).transpose(1, 2)
+
+        cos, sin = position_embeddings  # type: ignore[misc]
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states,
+                                                              self.layer_idx)
+
+        attention_interface = attention_functions.get_interface(
+            self.config._attn_implementation, eager_attention_forward)
+        dropout = 0.0 if not self.training else self.attention_dropout
+        if sliding is None:
+            attn_output, attn_weights = attention_interface(
+                self, query_states, key_states, value_states, attention_mask,
+                dropout=dropout, scaling=self.scaling, **kwargs)
+        else:
+            window = (getattr(self.config, "sliding_window", None) if sliding == "config"
+                      else self.sliding_window)
+            attn_output, attn_weights = attention_interface(
+                self, query_states, key_states, value_states, attention_mask,
+                dropout=dropout, scaling=self.scaling, sliding_window=window, **kwargs)
+
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output, attn_weights
+
+    return forward
+
+
+@functools.cache
+def _fused_attention_class(cls: type) -> type:
+    """``Fused<cls>``: ``cls`` with q/k/v fused (a subclass, so isinstance checks hold)."""
+    forward = _attention_forward(sys.modules[cls.__module__],
+                                 _ATTENTION[(cls.__module__, cls.__name__)])
+    forward.__signature__ = inspect.signature(cls.forward)  # type: ignore[attr-defined]
+    name = f"Fused{cls.__name__}"
+    fused = type(name, (cls,), {
+        "forward": forward, "__module__": __name__, "__qualname__": name,
+        "__doc__": f"{cls.__name__} with q_proj/k_proj/v_proj fused into qkv_proj (lowvm)."})
+    globals()[name] = fused  # importable by name (pickle)
+    return fused
+
+
+def __getattr__(name: str) -> Any:
+    """``Fused<Attention>`` classes are made on demand, so pickles of fused models load."""
+    for module_name, cls_name in _ATTENTION:
+        if name == f"Fused{cls_name}":
+            return _fused_attention_class(getattr(importlib.import_module(module_name),
+                                                  cls_name))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# --------------------------------------------------------------------------------------
+# The transform
+
+
+def _is_attention_like(module: nn.Module) -> bool:
+    return all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj"))
+
+
+def _is_mlp_like(module: nn.Module) -> bool:
+    return all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _attention_problem(attn: nn.Module, shared: set[int]) -> str | None:
+    why = _known(type(attn), _ATTENTION)
+    if why:
+        return why
+    parts = [attn.q_proj, attn.k_proj, attn.v_proj]
+    if any(id(p) in shared for p in parts):
+        return "q_proj/k_proj/v_proj is shared with another module"
+    return concat_problem(parts, ["q_proj", "k_proj", "v_proj"])
+
+
+def _mlp_problem(mlp: nn.Module, shared: set[int]) -> str | None:
+    why = _known(type(mlp), _MLP)
+    if why:
+        return why
+    if id(mlp) in shared or id(mlp.gate_proj) in shared or id(mlp.up_proj) in shared:
+        return "the MLP or its gate_proj/up_proj is shared with another module"
+    if _has_hooks(mlp):
+        return "the MLP has hooks, which its replacement would not have"
+    if mlp.gate_proj.out_features != mlp.up_proj.out_features:
+        return (f"gate_proj has out_features {mlp.gate_proj.out_features}, up_proj "
+                f"{mlp.up_proj.out_features}")
+    return concat_problem([mlp.gate_proj, mlp.up_proj], ["gate_proj", "up_proj"])
+
+
+def _shared_modules(model: nn.Module) -> set[int]:
+    """ids of modules registered under more than one name."""
+    seen: dict[int, int] = {}
+    for _, module in model.named_modules(remove_duplicate=False):
+        seen[id(module)] = seen.get(id(module), 0) + 1
+    return {mid for mid, count in seen.items() if count > 1}
+
+
+def _fuse_attention(attn: nn.Module) -> None:
+    parts = ("q_proj", "k_proj", "v_proj")
+    layers = [getattr(attn, p) for p in parts]
+    sizes = tuple(layer.out_features for layer in layers)
+    fused = concat_out_features(layers)
+    attn.__class__ = _fused_attention_class(type(attn))
+    _replace_children(attn, parts, "qkv_proj", fused)
+    object.__setattr__(attn, "_lowvm_qkv", sizes)
+    _mark_fused(attn, "qkv_proj", tuple(zip(parts, sizes, strict=True)))
+
+
+def _fuse_mlp(mlp: nn.Module) -> FusedGateUpMLP:
+    gate_up = concat_out_features([mlp.gate_proj, mlp.up_proj])
+    new = FusedGateUpMLP(gate_up, mlp.down_proj, mlp.act_fn, mlp.gate_proj.out_features)
+    for attr in ("config", "hidden_size"):
+        if attr in vars(mlp):
+            setattr(new, attr, vars(mlp)[attr])
+    new.train(mlp.training)
+    return new
+
+
+def fuse_projections(model: nn.Module) -> FuseReport:
+    """Fuse q/k/v and gate/up projections of ``model``'s quantized layers, in place.
+
+    Every candidate (an attention with q/k/v projections, an MLP with gate/up/down) is
+    checked first; those that cannot be fused exactly are listed in the report with the
+    reason, and nothing about them changes. Idempotent: fused blocks are recognised and
+    left alone. Each fused block's weights are built before its originals are dropped, so
+    at most one block's q/k/v (or gate/up) exists twice at any moment.
+    """
+    if not isinstance(model, nn.Module):
+        raise FuseError(f"fuse_projections: model must be a torch.nn.Module; got "
+                        f"{type(model).__name__}")
+    report = FuseReport()
+    shared = _shared_modules(model)
+    attentions: list[nn.Module] = []
+    mlps: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if getattr(module, _FUSED_ATTR, None) is not None:
+            report.already_fused += 1
+        elif _is_attention_like(module):
+            why = _attention_problem(module, shared)
+            if why:
+                report.skipped.append((name, why))
+            else:
+                attentions.append(module)
+        elif _is_mlp_like(module):
+            why = ("the model itself is the MLP; fuse_projections replaces MLPs inside a "
+                   "model") if not name else _mlp_problem(module, shared)
+            if why:
+                report.skipped.append((name, why))
+            else:
+                mlps.append((name, module))
+    for attn in attentions:
+        _fuse_attention(attn)
+        report.attention_fused += 1
+    modules = dict(model.named_modules())
+    for name, mlp in mlps:
+        parent, _, child = name.rpartition(".")
+        setattr(modules[parent] if parent else model, child, _fuse_mlp(mlp))
+        report.mlps_fused += 1
+    return report
