@@ -94,6 +94,9 @@ def main() -> None:
                     "weights staged in shared memory (stages from --stages, default 4)")
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
+    ap.add_argument("--variants", default="", help="M<=16 schedules to time instead of the "
+                    "sweeps above: split:prefetch:stages:weights_shared:min_blocks,... (split 0 "
+                    "= the chosen one's; stages 0 = none)")
     ap.add_argument("--prefill-kernel", default="quant_gemm",
                     choices=["quant_gemm", "quant_gemm_prefill"],
                     help="quant_gemm_prefill: also time it for M > 64")
@@ -132,9 +135,15 @@ def main() -> None:
                     variants = ([(sp, d, base.stages, False) for sp in splits for d in depths]
                                 if "0" in args.weights_shared.split(",") else [])
                     variants += [(sp, 1, st, True) for sp in splits for st in staged]
-                for sp, depth, st, shared in variants:
+                variants = [(*v, 1) for v in variants]
+                if args.variants and m <= 16:
+                    variants = []
+                    for spec in args.variants.split(","):
+                        sp, depth, st, shared, mb = (int(v) for v in spec.split(":"))
+                        variants.append((sp or base.split, depth, st or None, bool(shared), mb))
+                for sp, depth, st, shared, mb in variants:
                     s = dataclasses.replace(base, split=sp, stages=st, prefetch=depth,
-                                            weights_shared=shared)
+                                            weights_shared=shared, min_blocks=mb)
                     if (k // s.bk) % (sp * depth):
                         continue
                     y = quant_linear(x, qw, s)
@@ -148,6 +157,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
                                      prefetch=depth, stages=st, weights_shared=shared,
+                                     min_blocks=mb,
                                      bm=s.bm, us=us, rel_err=err,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
@@ -164,12 +174,13 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("\n kernel       dtype   K      N     M    split pf  st  sh  us      GB/s   TFLOP/s"
+    print("\n kernel       dtype   K      N     M    split pf  st  sh mb us      GB/s   TFLOP/s"
           "  floor  err")
     for r in rows:
         print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
               f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} "
-              f"{r.get('stages', '-')!s:<3} {int(bool(r.get('weights_shared')))} {r['us']:8.1f} "
+              f"{r.get('stages', '-')!s:<3} {int(bool(r.get('weights_shared')))} "
+              f"{r.get('min_blocks', '-')!s:<2}{r['us']:8.1f} "
               f"{r['gbps']:7.0f} {r['tflops']:7.1f} "
               f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
 

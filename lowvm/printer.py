@@ -36,7 +36,8 @@ def format_program(program: Program) -> str:
     grid = ", ".join(str(g) for g in program.grid)
     lines = [
         f"program {program.name}({params})" + (f" [{consts}]" if consts else ""),
-        f"  grid [{grid}], {program.num_warps} warps, shared {program.shared_bytes} bytes",
+        f"  grid [{grid}], {program.num_warps} warps, shared {program.shared_bytes} bytes"
+        + (f", min {program.min_blocks} blocks/SM" if program.min_blocks > 1 else ""),
         *format_stmt(program.body, 1),
     ]
     return "\n".join(lines)

@@ -6,8 +6,10 @@ import shutil
 
 import pytest
 
+import lowvm.lang as vm
 from lowvm.codegen import generate_cuda
 from lowvm.codegen.shared_alloc import allocate_shared
+from lowvm.errors import LowvmError
 from tests.programs import EXAMPLES
 
 #: measured exceptions, kept visible (strict xfail: the test fails once they are fixed)
@@ -55,3 +57,26 @@ def test_shared_tiles_reuse_freed_space():
     spans = sorted((off, off + t.nbytes) for t, off in offsets.items())
     assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
     assert total == 64 * 32 * 2 + 32 * 64 * 2
+
+
+def test_min_blocks_hint_reaches_launch_bounds_and_is_checked():
+    """vm.set_min_blocks is __launch_bounds__'s second argument; bad values are named."""
+    def body(y, n_blocks):
+        vm.set_warps(4)
+        vm.set_min_blocks(n_blocks)
+        vm.set_grid(1)
+        lay = vm.spatial(128)
+        vm.store_global(vm.global_view(y, [128]),
+                        vm.register_tensor(vm.float32, [128], lay, init=1.0), [0])
+
+    @vm.program
+    def hinted(y: vm.ptr[vm.float32], n_blocks: int = 5):
+        body(y, n_blocks)
+
+    program = hinted.build()
+    assert program.min_blocks == 5
+    assert "__launch_bounds__(128, 5)" in generate_cuda(program).source
+    assert "__launch_bounds__(128)" in generate_cuda(hinted.build(n_blocks=1)).source
+    with pytest.raises(LowvmError, match=r"set_min_blocks: n must be an integer in \[1, 32\], "
+                       r"got 0"):
+        hinted.build(n_blocks=0)

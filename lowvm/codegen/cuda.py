@@ -95,11 +95,13 @@ def generate_cuda(program: Program) -> CudaSource:
     digest = hashlib.sha256("\n".join(cg.lines).encode()).hexdigest()[:10]
     name = f"lowvm_{program.name}_{digest}"
     consts = ", ".join(f"{k}={v}" for k, v in program.constants)
+    bounds = f"{program.num_threads}" + (
+        f", {program.min_blocks}" if program.min_blocks > 1 else "")
     header = [
         f"// lowvm program {program.name}" + (f" [{consts}]" if consts else ""),
         f"// grid [{', '.join(str(g) for g in program.grid)}], {program.num_threads} threads, "
         f"{shared_bytes} bytes of shared memory",
-        f'extern "C" __global__ void __launch_bounds__({program.num_threads}) '
+        f'extern "C" __global__ void __launch_bounds__({bounds}) '
         f"{name}({', '.join(params)}) {{",
         "  extern __shared__ __align__(16) unsigned char lowvm_smem[];",
         "  const int tid = threadIdx.x;",

@@ -70,6 +70,8 @@ class GemmSchedule:
     #: split-K sums finished inside the GEMM by the last block of each tile (vm.arrive);
     #: False: by :func:`finish_split`, a second launch (measured faster at M = 64)
     fused_split: bool = True
+    #: occupancy hint (``vm.set_min_blocks``): registers capped for this many blocks/SM
+    min_blocks: int = 1
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -80,6 +82,8 @@ class GemmSchedule:
             c["weights_shared"] = True
         if not self.fused_split:
             c["fused_split"] = False
+        if self.min_blocks > 1:
+            c["min_blocks"] = self.min_blocks
         return c
 
 
@@ -172,10 +176,12 @@ class _Block:
 
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
-           bn: int, bk: int, warps_m: int, warps_n: int, split: int) -> _Block:
+           bn: int, bk: int, warps_m: int, warps_n: int, split: int, min_blocks: int = 1
+           ) -> _Block:
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     vm.set_warps(warps_m * warps_n)
+    vm.set_min_blocks(min_blocks)
     vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
     col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
     n_tiles = n // bn
@@ -192,15 +198,16 @@ def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                      wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                     weights_shared: bool = False, fused_split: bool = True) -> None:
+                     weights_shared: bool = False, fused_split: bool = True,
+                     min_blocks: int = 1) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     if weights_shared:
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
-                     fused_split)
+                     fused_split, min_blocks)
         return
     b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
-               warps_n, split)
+               warps_n, split, min_blocks)
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
     lw, lay = b.lw, b.lw.mma
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
@@ -295,12 +302,12 @@ def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                  wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                  warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                 fused_split: bool = True) -> None:
+                 fused_split: bool = True, min_blocks: int = 1) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
     b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
-               warps_n, split)
+               warps_n, split, min_blocks)
     vm.static_assert(prefetch == 1, f"weights_shared stages weights `stages` deep; "
                      f"prefetch={prefetch} must be 1")
     lw, lay = b.lw, b.lw.mma
@@ -342,7 +349,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
-               fused_split: bool = True):
+               fused_split: bool = True, min_blocks: int = 1):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
     (:func:`store_result`).
 
@@ -351,7 +358,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split)
+                     prefetch, weights_shared, fused_split, min_blocks)
 
 
 @vm.program
@@ -363,11 +370,12 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
                     stages: int | None = None, prefetch: int = 1,
-                    weights_shared: bool = False, fused_split: bool = True):
+                    weights_shared: bool = False, fused_split: bool = True,
+                    min_blocks: int = 1):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split)
+                     prefetch, weights_shared, fused_split, min_blocks)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:

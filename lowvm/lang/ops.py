@@ -63,7 +63,7 @@ from lowvm.layouts import permute as permute_layout
 from lowvm.layouts import reduce as reduce_layout
 
 __all__ = [
-    "set_grid", "set_warps", "block_index", "grid_dim", "thread_index", "cdiv",
+    "set_grid", "set_warps", "set_min_blocks", "block_index", "grid_dim", "thread_index", "cdiv",
     "global_view", "load_global", "store_global", "atomic_add", "arrive",
     "shared_tensor", "free_shared", "load_shared", "store_shared",
     "copy_async", "commit_group", "wait_group",
@@ -138,6 +138,14 @@ def set_warps(n: int) -> None:
     if b.tiles_created and b.num_warps != n:
         raise _fail("set_warps: call it before creating register tiles")
     b.num_warps = n
+
+
+def set_min_blocks(n: int) -> None:
+    """Ask the CUDA compiler to fit ``n`` blocks per SM (fewer registers per thread, maybe
+    spills): an occupancy hint for latency-bound kernels; the interpreter ignores it."""
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 32:
+        raise _fail(f"set_min_blocks: n must be an integer in [1, 32], got {n!r}")
+    current().min_blocks = n
 
 
 def block_index(dim: int = 0) -> Var:

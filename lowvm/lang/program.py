@@ -166,6 +166,7 @@ class ProgramTemplate:
             body=SeqStmt(tuple(builder.stack[0])),
             constants=tuple((k, v) for k, v in constants.items()),
             shared_bytes=builder.shared_peak,
+            min_blocks=builder.min_blocks,
         )
 
     def interpret(self, *args: Any, **constants: Any) -> None:
