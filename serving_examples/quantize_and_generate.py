@@ -10,7 +10,10 @@ would take minutes and 32 GB of host memory; on the GPU it is a few kernel launc
 For each type of ``--dtype`` (a comma list, e.g. ``int4,int3,int2``) a quantized copy is
 made that *shares* the float16 model's embedding, norms and skipped layers (``lm_head`` by
 default), so each type only adds its quantized linears (all copies stay alive: the 8B
-model's int4 + int3 + int2 copies add about 16 GB to its 16 GB). Reported, per model:
+model's int4 + int3 + int2 copies add about 16 GB to its 16 GB). With ``--fuse`` (the
+default) each quantized copy then has its q/k/v and gate/up projections fused into one GEMM
+each (``lowvm.fuse_projections``: 4 quantized GEMMs per layer instead of 7); ``--no-fuse``
+keeps 7. Every speed row records ``"fused"``. Reported, per model:
 
 * weight memory: ``stored`` (the state dict: packed codes, scales, zeros, dense rest) and
   ``resident`` (every parameter and buffer, including the kernel's repacked copy);
@@ -103,6 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per measurement")
     p.add_argument("--forward-steps", type=int, default=50,
                    help="graphs and loop modes: decode steps replayed alone, timed (0: off)")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="fuse q/k/v and gate/up of the quantized models (lowvm.fuse_projections)"
+                        " before measuring them (default); --no-fuse: one GEMM per projection")
     p.add_argument("--no-fp16-speed", action="store_true",
                    help="do not time the float16 model (its memory is still reported)")
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True")
@@ -589,7 +595,7 @@ class Run:
             "torch": torch.__version__, "transformers": _transformers_version(),
             "dtypes": args.dtypes, "group_size": args.group_size, "skip": list(args.skip_globs),
             "new_tokens": args.new_tokens, "eager_new_tokens": eager_tokens(args),
-            "prompt_len": args.prompt_len, "repeats": args.repeats,
+            "prompt_len": args.prompt_len, "repeats": args.repeats, "fuse": args.fuse,
             "compile": {"backend": args.compile_backend, "fullgraph": args.fullgraph,
                         "dynamic": False, "mode": "reduce-overhead"
                         if args.compile_backend == "inductor" else None,
@@ -643,7 +649,9 @@ def speed_rows(run: Run, models: dict[str, Any], vocab: int, modes: list[str]) -
         ids = prompts(batch, args.prompt_len, vocab, device, args.seed + 2)
         for mode in modes:
             for name, model in models.items():
-                row: dict[str, Any] = {"model": name, "batch": batch, "mode": mode}
+                fused = bool(run.result["models"].get(name, {}).get("fused", False))
+                row: dict[str, Any] = {"model": name, "batch": batch, "mode": mode,
+                                       "fused": fused}
                 if run.out_of_time():
                     row["skipped"] = f"time budget ({args.time_budget:.0f} s) spent"
                     print(f"{name} batch {batch} {mode}: skipped (time budget)")
@@ -696,7 +704,19 @@ def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> A
         run.error(f"quantize {dtype}", exc)
         return None
     print(report, f"in {seconds:.1f} s", flush=True)
-    info: dict[str, Any] = {
+    fuse_info: dict[str, Any] = {"fused": False}
+    if args.fuse:
+        try:
+            fuse_report = lowvm.fuse_projections(quant)
+        except Exception as exc:  # noqa: BLE001  (recorded; the next type may still work)
+            run.error(f"fuse {dtype}", exc)
+            return None
+        print(fuse_report, flush=True)
+        fuse_info = {"fused": bool(fuse_report.attention_fused or fuse_report.mlps_fused),
+                     "fuse_report": {"attention_fused": fuse_report.attention_fused,
+                                     "mlps_fused": fuse_report.mlps_fused,
+                                     "skipped": [list(item) for item in fuse_report.skipped]}}
+    info: dict[str, Any] = {**fuse_info,
         "quantize_s": seconds, "layers_replaced": report.layers_replaced,
         "layers_skipped": sorted(report.skipped), "weight_bytes": weight_bytes(quant),
         "quantized_layer_bytes": {"float16": report.bytes_before, "lowvm": report.bytes_after},
@@ -789,6 +809,11 @@ def _num(value: Any, fmt: str) -> str:
     return format(value, fmt)
 
 
+def _fused(row: dict[str, Any]) -> str:
+    """yes/no, or '-' for rows of runs from before the option existed."""
+    return {True: "yes", False: "no"}.get(row.get("fused"), "-")  # type: ignore[arg-type]
+
+
 def format_table(result: dict[str, Any]) -> str:
     """Speed rows with the speed-up over float16 at the same batch and mode, and memory and
     quality per model."""
@@ -796,7 +821,7 @@ def format_table(result: dict[str, Any]) -> str:
            if r["model"] == "float16" and "decode_tokens_per_s" in r}
     head = (f"{'model':8s} {'batch':>5s} {'mode':6s} {'decode tok/s':>12s} {'x fp16':>7s} "
             f"{'e2e tok/s':>10s} {'x fp16':>7s} {'fwd ms':>7s} {'1st call s':>10s} "
-            f"{'breaks':>6s} {'cg skips':>8s}")
+            f"{'breaks':>6s} {'cg skips':>8s} {'fused':>5s}")
     lines = [f"device: {result.get('device')}", head, "-" * len(head)]
     for r in sorted(result["speed"], key=lambda r: (r["batch"], r["mode"])):
         if "decode_tokens_per_s" not in r:
@@ -814,7 +839,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"{_num(r['decode_tokens_per_s'], '12.1f')} {_num(x_dec, '7.2f')} "
             f"{_num(r['e2e_tokens_per_s'], '10.1f')} {_num(x_e2e, '7.2f')} "
             f"{_num(r.get('forward_ms'), '7.2f')} {_num(r.get('first_call_s'), '10.1f')} "
-            f"{_num(r.get('graph_breaks'), '6d')} {_num(r.get('cudagraph_skips'), '8d')}")
+            f"{_num(r.get('graph_breaks'), '6d')} {_num(r.get('cudagraph_skips'), '8d')} "
+            f"{_fused(r):>5s}")
     lines += ["", f"{'model':8s} {'stored MiB':>10s} {'resident MiB':>12s} "
               f"{'rel err (last logits)':>22s} {'top-1 agree':>11s}"]
     for name, info in result["models"].items():

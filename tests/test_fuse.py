@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
 import pickle
+import runpy
+import sys
 import weakref
 
 import pytest
@@ -42,6 +45,7 @@ from tests.test_nn_model import tiny_llama
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
 SIZES = (128, 64, 192)
+EXAMPLE = "serving_examples/quantize_and_generate.py"
 
 
 def _layers(wtype: str = "int4", group: int = 64, bias: bool = False, k: int = 128,
@@ -426,6 +430,63 @@ def test_mixed_formats_are_skipped():
     reasons = dict(report.skipped)
     assert "k_proj has format" in reasons["model.layers.0.self_attn"]
     assert "up_proj has format" in reasons["model.layers.1.mlp"]
+
+
+# --------------------------------------------------------------------------------------
+# the serving example
+
+
+@pytest.fixture(scope="module")
+def example() -> dict:
+    """The serving example's functions (nothing executes)."""
+    return runpy.run_path(EXAMPLE)
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-fuse"]])
+def test_serving_example_fuse_option(tmp_path, monkeypatch, flag):
+    out = tmp_path / "result.json"
+    monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", "--dtype", "int4",
+                                      "--group-size", "64", "--new-tokens", "3",
+                                      "--batch-sizes", "1", "--prompt-len", "6", "--repeats",
+                                      "1", "--modes", "eager,loop", "--json", str(out), *flag])
+    runpy.run_path(EXAMPLE, run_name="__main__")
+    result = json.loads(out.read_text())
+    fused = not flag
+    assert result["errors"] == [] and result["fuse"] is fused
+    int4 = result["models"]["int4"]
+    assert int4["fused"] is fused
+    if fused:
+        assert int4["fuse_report"] == {"attention_fused": 2, "mlps_fused": 2, "skipped": []}
+    else:
+        assert "fuse_report" not in int4
+    rows = result["speed"]
+    assert len(rows) == 4 and all(r["decode_tokens_per_s"] > 0 for r in rows)
+    assert {(r["model"], r["fused"]) for r in rows} == {("float16", False), ("int4", fused)}
+    loop = next(r for r in rows if r["model"] == "int4" and r["mode"] == "loop")
+    assert loop["leading_tokens_equal"]["eager"] == 3  # the loop's tokens are generate's
+
+
+def test_serving_loop_compiled_step_of_the_fused_model(example):
+    """The decode loop's step (static cache, fullgraph) compiles in one graph with the fused
+    attention and gives the unfused model's tokens."""
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    dense = example["init_random"](example["random_config"](example["parse_args"]([])), "cpu")
+    unfused, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
+    fused = copy.deepcopy(unfused)
+    fuse_projections(fused)
+    ids = example["prompts"](2, 6, dense.config.vocab_size, "cpu", 6)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        loop = example["DecodeLoop"](fused, ids, 5, compile_mode="default", backend="eager")
+        tokens = loop(5)
+        assert counters["stats"]["unique_graphs"] == 1
+        assert sum(counters["graph_break"].values()) == 0
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(tokens, example["DecodeLoop"](unfused, ids, 5)(5))
 
 
 @pytest.mark.gpu
