@@ -95,8 +95,9 @@ def main() -> None:
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
     ap.add_argument("--variants", default="", help="M<=16 schedules to time instead of the "
-                    "sweeps above: split:prefetch:stages:weights_shared:min_blocks,... (split 0 "
-                    "= the chosen one's; stages 0 = none)")
+                    "sweeps above: 'base' (the chosen one) or split:prefetch:stages:weights_shared:"
+                    "min_blocks (split 0: the chosen one's, d: twice it, <= 8; stages 0: "
+                    "none), comma separated")
     ap.add_argument("--prefill-kernel", default="quant_gemm",
                     choices=["quant_gemm", "quant_gemm_prefill"],
                     help="quant_gemm_prefill: also time it for M > 64")
@@ -139,8 +140,14 @@ def main() -> None:
                 if args.variants and m <= 16:
                     variants = []
                     for spec in args.variants.split(","):
-                        sp, depth, st, shared, mb = (int(v) for v in spec.split(":"))
-                        variants.append((sp or base.split, depth, st or None, bool(shared), mb))
+                        if spec == "base":
+                            variants.append((base.split, base.prefetch, base.stages,
+                                             base.weights_shared, base.min_blocks))
+                            continue
+                        sp, *rest = spec.split(":")
+                        depth, st, shared, mb = (int(v) for v in rest)
+                        sp = {"0": base.split, "d": min(8, 2 * base.split)}.get(sp) or int(sp)
+                        variants.append((sp, depth, st or None, bool(shared), mb))
                 for sp, depth, st, shared, mb in variants:
                     s = dataclasses.replace(base, split=sp, stages=st, prefetch=depth,
                                             weights_shared=shared, min_blocks=mb)
