@@ -161,7 +161,8 @@ def test_fused_llama_logits_state_dict_and_memory():
     model = _quantized(tiny_llama())
     unfused = copy.deepcopy(model)
     bytes_before = sum(m.weight_bytes() for m in model.modules() if isinstance(m, QuantLinear))
-    old_q = weakref.ref(model.model.layers[0].self_attn.q_proj)
+    old = [weakref.ref(model.model.layers[0].self_attn.q_proj),
+           weakref.ref(model.model.layers[1].mlp.gate_proj)]
     report = fuse_projections(model)
     assert (report.attention_fused, report.mlps_fused, report.skipped) == (2, 2, [])
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
@@ -172,7 +173,7 @@ def test_fused_llama_logits_state_dict_and_memory():
     quant = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert len(quant) == 8 and sum(m.weight_bytes() for m in quant) == bytes_before
     gc.collect()
-    assert old_q() is None  # the original projections are gone, not kept beside the fused
+    assert [ref() for ref in old] == [None, None]  # originals gone, not kept beside the fused
 
     ids = torch.randint(0, 256, (2, 9))
     _close(_logits(model, ids), _logits(unfused, ids))
@@ -181,6 +182,21 @@ def test_fused_llama_logits_state_dict_and_memory():
     assert all(torch.equal(a[k], b[k]) and a[k].dtype == b[k].dtype for k in b)
     assert all(a[k].is_contiguous() for k in a)
     assert set(a._metadata) == set(b._metadata)
+
+
+def test_state_dict_tensors_own_their_storage(tmp_path):
+    """Per-channel scales and a single K tile make the split parts contiguous slices of
+    the fused buffers; they must still be separate tensors (safetensors refuses shared)."""
+    from safetensors.torch import save_file
+
+    model = tiny_llama()
+    lowvm.quantize_model(model, dtype="uint4", group_size=-1, progress=False)
+    unfused, fused = _pair(model)
+    state = fused.state_dict()
+    save_file(state, tmp_path / "fused.safetensors")
+    back = load_file(tmp_path / "fused.safetensors")
+    expected = unfused.state_dict()
+    assert set(back) == set(expected) and all(torch.equal(back[k], expected[k]) for k in back)
 
 
 def test_inspect_signature_is_the_hf_forwards():
@@ -414,11 +430,14 @@ def test_unknown_forward_or_subclass_or_hooks_are_skipped(monkeypatch):
     base = type(model.model.layers[0].self_attn)
     model.model.layers[0].self_attn.__class__ = type("MyAttention", (base,), {})
     model.model.layers[1].self_attn.v_proj.register_forward_hook(lambda *a: None)
+    mlp = model.model.layers[1].mlp
+    mlp.forward = mlp.forward  # a forward set on the instance, as accelerate's hooks do
     report = fuse_projections(model)
     reasons = dict(report.skipped)
     assert "not one whose forward lowvm reproduces" in reasons["model.layers.0.self_attn"]
     assert "v_proj has hooks" in reasons["model.layers.1.self_attn"]
-    assert report.attention_fused == 0 and report.mlps_fused == 2
+    assert "the MLP has hooks" in reasons["model.layers.1.mlp"]
+    assert report.attention_fused == 0 and report.mlps_fused == 1
 
 
 def test_mixed_formats_are_skipped():

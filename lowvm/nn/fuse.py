@@ -145,10 +145,15 @@ def _split_qweight(qweight: torch.Tensor, sizes: Sequence[int],
     if _tile_view_ok(like):
         tiles = _tiles(qweight, like, sum(sizes))
         chunks = tiles.split([n // fmt.bn for n in sizes], dim=1)
-        return [c.contiguous().reshape(fmt.shape(n, k)) for c, n in zip(chunks, sizes,
-                                                                         strict=True)]
+        return [_own(c).reshape(fmt.shape(n, k)) for c, n in zip(chunks, sizes, strict=True)]
     codes = fmt.unpack(qweight, sum(sizes), k)
     return [fmt.repack(c.contiguous()) for c in codes.split(list(sizes))]
+
+
+def _own(part: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy: a slice may be a view of the fused buffer, and tensors sharing
+    storage cannot be saved side by side (safetensors refuses them)."""
+    return part.clone(memory_format=torch.contiguous_format)
 
 
 def concat_out_features(layers: Sequence[QuantLinear]) -> QuantLinear:
@@ -186,10 +191,10 @@ def _split_entry(key: str, value: Any, layer: QuantLinear,
     if key == "qweight":
         return _split_qweight(value, sizes, layer)
     if key in ("scales", "zeros"):
-        return [part.contiguous() for part in value.split(list(sizes), dim=1)]
+        return [_own(part) for part in value.split(list(sizes), dim=1)]
     if key == "bias":
-        return [part.clone() for part in value.split(list(sizes))]
-    return [value.clone() if isinstance(value, torch.Tensor) else value for _ in sizes]
+        return [_own(part) for part in value.split(list(sizes))]
+    return [_own(value) if isinstance(value, torch.Tensor) else value for _ in sizes]
 
 
 def _merge_entries(key: str, values: list[Any], layer: QuantLinear,
@@ -316,6 +321,9 @@ def _replace_children(module: nn.Module, parts: Sequence[str], name: str,
 
 
 def _has_hooks(module: nn.Module) -> bool:
+    """Hooks, or a forward set on the instance (accelerate's offloading hooks do that)."""
+    if "forward" in vars(module) or "_hf_hook" in vars(module):
+        return True
     return any(getattr(module, attr, None) for attr in (
         "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
         "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
@@ -511,6 +519,8 @@ def _attention_problem(attn: nn.Module, shared: set[int]) -> str | None:
     why = _known(type(attn), _ATTENTION)
     if why:
         return why
+    if "forward" in vars(attn) or "_hf_hook" in vars(attn):
+        return "the attention's forward is replaced on the instance (accelerate hooks?)"
     parts = [attn.q_proj, attn.k_proj, attn.v_proj]
     if any(id(p) in shared for p in parts):
         return "q_proj/k_proj/v_proj is shared with another module"
@@ -575,7 +585,7 @@ def fuse_projections(model: nn.Module) -> FuseReport:
     report = FuseReport()
     shared = _shared_modules(model)
     attentions: list[nn.Module] = []
-    mlps: list[tuple[str, nn.Module]] = []
+    mlps: list[str] = []  # names only: a held module would keep its weights alive
     for name, module in model.named_modules():
         if getattr(module, _FUSED_ATTR, None) is not None:
             report.already_fused += 1
@@ -591,13 +601,13 @@ def fuse_projections(model: nn.Module) -> FuseReport:
             if why:
                 report.skipped.append((name, why))
             else:
-                mlps.append((name, module))
+                mlps.append(name)
     for attn in attentions:
         _fuse_attention(attn)
         report.attention_fused += 1
-    modules = dict(model.named_modules())
-    for name, mlp in mlps:
-        parent, _, child = name.rpartition(".")
-        setattr(modules[parent] if parent else model, child, _fuse_mlp(mlp))
+    for name in mlps:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, _fuse_mlp(getattr(parent, child)))  # the old MLP is dropped
         report.mlps_fused += 1
     return report
