@@ -516,3 +516,19 @@ def test_fused_model_on_cuda_matches_unfused():
     a, b = _logits(unfused, ids), _logits(fused, ids)
     assert (a - b).norm() / a.norm() < 1e-2  # other N: another split-K/accumulation order
     assert torch.equal(_generate(fused, ids[:1]), _generate(unfused, ids[:1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_concat_on_cuda_at_llama3_8b_qkv_shape(m):
+    """The kernel on the fused N = 4096 + 1024 + 1024 against the three GEMMs it replaces
+    (another N may get another split-K schedule: float32 sums round apart, ~1 ulp)."""
+    torch.manual_seed(0)
+    layers = [QuantLinear.from_linear(torch.nn.Linear(4096, n, bias=False).half().cuda(),
+                                      "int4", 128) for n in (4096, 1024, 1024)]
+    fused = concat_out_features(layers)
+    assert torch.equal(fused.codes(), torch.cat([layer.codes() for layer in layers]))
+    x = torch.randn(m, 4096, dtype=torch.float16, device="cuda")
+    expected = torch.cat([layer(x) for layer in layers], -1).float()
+    got = fused(x).float()
+    assert (got - expected).norm() / expected.norm() < 1e-3

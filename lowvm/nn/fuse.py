@@ -200,7 +200,7 @@ def _split_entry(key: str, value: Any, layer: QuantLinear,
 def _merge_entries(key: str, values: list[Any], layer: QuantLinear,
                    sizes: Sequence[int]) -> Any:
     """The entries of the parts as the fused layer's entry (inverse of _split_entry)."""
-    device = layer.qweight.device
+    device = values[0].device if layer.qweight.is_meta else layer.qweight.device
     if key == "qweight":
         return _concat_qweight([v.to(device) for v in values], sizes, layer)
     if key in ("scales", "zeros"):
