@@ -58,7 +58,7 @@ def time_shape(k: int, n: int, rng: np.random.Generator, flushes: dict) -> list[
     x = torch.randn(1, k, device="cuda", dtype=torch.float16)
     same_bytes = torch.ones(wbytes // 2, device="cuda", dtype=torch.float16)
     out = torch.zeros((), device="cuda", dtype=torch.float32)
-    work = {"read_only_sum": (lambda: torch.sum(same_bytes, dtype=torch.float32, out=out),
+    work = {"read_only_sum": (lambda: torch.sum(same_bytes, 0, dtype=torch.float32, out=out),
                               wbytes),
             "lowvm_int4": (lambda: quant_linear(x, qw), wbytes),
             "cublas_fp16": (lambda: x @ wdev.T, 2 * n * k)}
@@ -79,7 +79,7 @@ def main() -> None:
     flush = torch.zeros(128 * 2**20, dtype=torch.float32, device="cuda")  # 512 MB
     sink = torch.zeros((), dtype=torch.float32, device="cuda")
     flushes = {"write": lambda: flush.zero_(),
-               "read": lambda: torch.sum(flush, out=sink),
+               "read": lambda: torch.sum(flush, 0, out=sink),
                "none": lambda: None}
     rng = np.random.default_rng(0)
     rows = []
