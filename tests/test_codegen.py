@@ -25,7 +25,8 @@ def test_source_is_one_readable_kernel(name):
     program = template.build(**constants)
     cuda = generate_cuda(program)
     assert cuda.source.count('extern "C" __global__') == 1
-    assert f"__launch_bounds__({program.num_threads})" in cuda.source
+    hint = f", {program.min_blocks}" if program.min_blocks > 1 else ""
+    assert f"__launch_bounds__({program.num_threads}{hint})" in cuda.source
     # a comment naming every VM instruction
     for inst in program.instructions():
         assert f"{inst.mnemonic}" in cuda.source or inst.mnemonic == "elementwise"

@@ -162,7 +162,13 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=None,
                             prefetch=_largest_dividing(4, steps // split))
-    # the most split decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
+    if m <= 16 and 8 <= steps // split < 24 and (steps // split) % 2 == 0:
+        # split-8 grids with 8..23 K steps per block: two steps of weights in flight and x
+        # double-buffered (96 registers for int4: 5 blocks per SM); measured 22.5-22.7 vs
+        # 24.7 us (14336 x 4096, M = 1; NOTES.md, fourth session)
+        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
+                            warps_n=WEIGHT_WARPS_N, split=split, stages=2, prefetch=2)
+    # the other split-8 decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
     # 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192) at split 8
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
                         split=split, stages=4 if m <= 16 else 3, prefetch=1,
