@@ -94,7 +94,7 @@ def main() -> None:
                     "weights staged in shared memory (stages from --stages, default 4)")
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
-    ap.add_argument("--variants", default="", help="M<=16 schedules to time instead of the "
+    ap.add_argument("--variants", default="", help="schedules to time instead of the "
                     "sweeps above: 'base' (the chosen one) or split:prefetch:stages:weights_shared:"
                     "min_blocks (split 0: the chosen one's, d: twice it, <= 8; stages 0: "
                     "none), comma separated")
@@ -137,7 +137,7 @@ def main() -> None:
                                 if "0" in args.weights_shared.split(",") else [])
                     variants += [(sp, 1, st, True) for sp in splits for st in staged]
                 variants = [(*v, 1) for v in variants]
-                if args.variants and m <= 16:
+                if args.variants:
                     variants = []
                     for spec in args.variants.split(","):
                         if spec == "base":
