@@ -95,9 +95,9 @@ def main() -> None:
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
     ap.add_argument("--variants", default="", help="schedules to time instead of the "
-                    "sweeps above: 'base' (the chosen one) or split:prefetch:stages:weights_shared:"
-                    "min_blocks (split 0: the chosen one's, d: twice it, <= 8; stages 0: "
-                    "none), comma separated")
+                    "sweeps above, comma separated: 'base' (the chosen one) or split:prefetch:"
+                    "stages:weights_shared:min_blocks[:bn] (split 0: the chosen one's, d: "
+                    "twice it, <= 8; stages 0: none; bn 16/32: narrow blocks)")
     ap.add_argument("--prefill-kernel", default="quant_gemm",
                     choices=["quant_gemm", "quant_gemm_prefill"],
                     help="quant_gemm_prefill: also time it for M > 64")
@@ -136,21 +136,23 @@ def main() -> None:
                     variants = ([(sp, d, base.stages, False) for sp in splits for d in depths]
                                 if "0" in args.weights_shared.split(",") else [])
                     variants += [(sp, 1, st, True) for sp in splits for st in staged]
-                variants = [(*v, 1) for v in variants]
+                variants = [(*v, 1, base.bn) for v in variants]
                 if args.variants:
                     variants = []
                     for spec in args.variants.split(","):
                         if spec == "base":
                             variants.append((base.split, base.prefetch, base.stages,
-                                             base.weights_shared, base.min_blocks))
+                                             base.weights_shared, base.min_blocks, base.bn))
                             continue
                         sp, *rest = spec.split(":")
-                        depth, st, shared, mb = (int(v) for v in rest)
+                        depth, st, shared, mb, *bn = (int(v) for v in rest)
                         sp = {"0": base.split, "d": min(8, 2 * base.split)}.get(sp) or int(sp)
-                        variants.append((sp, depth, st or None, bool(shared), mb))
-                for sp, depth, st, shared, mb in variants:
+                        variants.append((sp, depth, st or None, bool(shared), mb,
+                                         bn[0] if bn else base.bn))
+                for sp, depth, st, shared, mb, bn in variants:
                     s = dataclasses.replace(base, split=sp, stages=st, prefetch=depth,
-                                            weights_shared=shared, min_blocks=mb)
+                                            weights_shared=shared, min_blocks=mb, bn=bn,
+                                            warps_n=bn // 16 if bn < 64 else base.warps_n)
                     if (k // s.bk) % (sp * depth):
                         continue
                     y = quant_linear(x, qw, s)
@@ -164,7 +166,7 @@ def main() -> None:
                     torch.cuda.synchronize()
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
                                      prefetch=depth, stages=st, weights_shared=shared,
-                                     min_blocks=mb,
+                                     min_blocks=mb, bn=bn,
                                      bm=s.bm, us=us, rel_err=err,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
@@ -181,13 +183,13 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("\n kernel       dtype   K      N     M    split pf  st  sh mb us      GB/s   TFLOP/s"
+    print("\n kernel       dtype   K      N     M    split pf  st  sh mb bn us      GB/s   TFLOP/s"
           "  floor  err")
     for r in rows:
         print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
               f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} "
               f"{r.get('stages', '-')!s:<3} {int(bool(r.get('weights_shared')))} "
-              f"{r.get('min_blocks', '-')!s:<2}{r['us']:8.1f} "
+              f"{r.get('min_blocks', '-')!s:<2} {r.get('bn', '-')!s:<2}{r['us']:8.1f} "
               f"{r['gbps']:7.0f} {r['tflops']:7.1f} "
               f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
 

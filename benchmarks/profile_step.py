@@ -39,7 +39,7 @@ def category(name: str) -> str:
     low = name.lower()
     if "lowvm_quant_gemm" in low or "lowvm_finish_split" in low:
         return "lowvm GEMM"
-    if "gemm" in low or "gemv" in low or "cutlass" in low or "sm90_xmma" in low:
+    if any(tag in low for tag in ("gemm", "gemv", "cutlass", "xmma", "nvjet", "splitkreduce")):
         return "cuBLAS GEMM"
     if "attention" in low or "flash" in low or "fmha" in low or "sdpa" in low:
         return "attention"

@@ -90,6 +90,26 @@ def test_unfused_split_k_in_the_interpreter():
     assert _rel(y, _reference(x, codes, scales, "int4", g)) < 2e-3
 
 
+@pytest.mark.parametrize("wtype,bn,split,prefetch,m", [
+    ("int4", 32, 1, 2, 3), ("int3", 16, 2, 1, 1), ("int8", 32, 2, 1, 17),
+    ("float6_e3m2", 32, 1, 4, 2), ("uint2", 16, 1, 2, 5)])
+def test_narrow_blocks_read_the_format_in_the_interpreter(wtype, bn, split, prefetch, m):
+    """bn = 16/32 blocks (1/2 warps) read their warps' rows of the 64-wide format tiles."""
+    rng = np.random.default_rng(13)
+    n, k, g = 128, 512, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    packed = repack_weights(codes, wtype, GemmSchedule())  # the library's one format
+    sched = GemmSchedule(bn=bn, warps_n=bn // 16, split=split, prefetch=prefetch)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    counters = np.zeros(-(-m // 16) * (n // bn), np.int32)
+    lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
+                    m, n, k, x, packed, scales, scales, y, ws, counters)
+    assert not ws.any() and not counters.any()
+    assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
 def _counters(m, n):
     """Split-K arrival counters, one per 16 x 64 output tile."""
     return np.zeros(-(-m // 16) * -(-n // 64), np.int32)
@@ -208,6 +228,30 @@ def test_gpu_matches_float64(wtype, m):
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("m", [1, 16, 33])
+def test_gpu_narrow_blocks_match_float64(wtype, m):
+    """bn = 32 (2 warps) and 16 (1 warp) blocks on the library's format, split 1 and 2."""
+    import torch
+
+    rng = np.random.default_rng(14)
+    n, k, g = 256, 1024, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    qw = prepare_weight(codes, scales, wtype, g)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    ref = _reference(x, codes, scales, wtype, g)
+    for bn, split, prefetch in ((32, 1, 4), (32, 2, 2), (16, 1, 2)):
+        s = dataclasses.replace(choose_schedule(m, n, k, qw.bk), bn=bn, warps_n=bn // 16,
+                                split=split, prefetch=prefetch, stages=None)
+        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+            if dtype == torch.float16 and not fits_float16(qw.wtype):
+                continue
+            y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw, s)
+            torch.cuda.synchronize()
+            assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, bn, split, dtype)
 
 
 @pytest.mark.gpu
@@ -334,6 +378,10 @@ def test_a_schedule_that_does_not_fit_the_weight_is_refused():
         quant_linear(x, qw, GemmSchedule(bk=64))
     with pytest.raises(LowvmError, match="prefetch"):
         quant_linear(x, qw, GemmSchedule(split=2, prefetch=4))
+    with pytest.raises(LowvmError, match="format"):  # narrow blocks: register body only
+        quant_linear(x, qw, GemmSchedule(bn=32, warps_n=2, stages=2, weights_shared=True))
+    with pytest.raises(LowvmError, match="format"):  # bn must be 16 x warps_n
+        quant_linear(x, qw, GemmSchedule(bn=32, warps_n=1))
     with pytest.raises(LowvmError, match="columns"):
         quant_linear(torch.zeros(2, 128, dtype=torch.float16), qw)
 

@@ -204,8 +204,8 @@ def tuned_schedule(m: int, weight: QuantWeight, cache: Any = None) -> GemmSchedu
                          prefetch=1, fused_split=m <= 16)
     except (KeyError, TypeError, ValueError):
         return None
-    fits = (s.bk == weight.bk and s.bn == WEIGHT_BN and s.warps_n == WEIGHT_WARPS_N
-            and s.bm % (16 * s.warps_m) == 0 and (weight.k // weight.bk) % s.split == 0)
+    fits = (_reads_format(s, weight.bk) and s.bm % (16 * s.warps_m) == 0
+            and (weight.k // weight.bk) % s.split == 0)
     return s if fits else None
 
 
@@ -259,9 +259,10 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     if plan is None:
         n, k = weight.n, weight.k
         s = schedule or tuned_schedule(m, weight) or choose_schedule(m, n, k, weight.bk)
-        if s.bk != weight.bk or s.bn != WEIGHT_BN or s.warps_n != WEIGHT_WARPS_N:
+        if not _reads_format(s, weight.bk):
             raise LowvmError(f"schedule {s} does not match the weight's format "
-                             f"(bk={weight.bk}, bn={WEIGHT_BN}, warps_n={WEIGHT_WARPS_N})")
+                             f"(bk={weight.bk}; bn={WEIGHT_BN} with warps_n={WEIGHT_WARPS_N}, "
+                             f"or bn = 16 x warps_n = 16 or 32 without weights_shared)")
         if (k // s.bk) % (s.split * s.prefetch):
             raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple "
                              f"of split x prefetch = {s.split * s.prefetch}")
@@ -269,6 +270,16 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                          group=weight.group, zero_point=zero_point, **s.constants())
         plan = _PLANS[key] = (gemm, _finisher(s, bf16), s.split > 1)
     return plan
+
+
+def _reads_format(s: GemmSchedule, bk: int) -> bool:
+    """Whether :func:`quant_gemm` with ``s`` reads the repacked format of K tile ``bk``: the
+    format's whole tile, or (register body) the rows of 1 or 2 of its warps."""
+    if s.bk != bk:
+        return False
+    if s.bn == WEIGHT_BN and s.warps_n == WEIGHT_WARPS_N:
+        return True
+    return s.bn in (16, 32) and s.warps_n * 16 == s.bn and not s.weights_shared
 
 
 def _checked(x: Any, weight: QuantWeight) -> Any:
@@ -313,8 +324,8 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
                                   schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if split:  # output tiles are at least 16 x 64
-        ws, counters = _split_buffers(x.device, m * n, -(-m // 16) * (n // WEIGHT_BN))
+    if split:  # output tiles are at least 16 x 16
+        ws, counters = _split_buffers(x.device, m * n, -(-m // 16) * (n // 16))
     else:
         ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters)

@@ -27,6 +27,12 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   in round-robin register buffers (no register moves, so each load hides behind
   ``prefetch`` steps of math); ``x`` comes in ``prefetch`` steps at a time.
 
+- **Narrow blocks** (``bn`` = 32 or 16: 2 or 1 warps): a block reads its warps' rows of
+  the 64-wide format tiles (:meth:`_Block.load_weights`), so one repacked copy also serves
+  grids of twice or four times as many, smaller blocks: more of them fit per SM, which
+  evens out the last wave on wide N (448 blocks of 4 warps on 132 SMs leave some SMs a
+  fourth block while others idle).
+
 Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``n`` of ``bn``, ``group`` a
 multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
 """
@@ -97,6 +103,7 @@ class WeightLayouts:
     chunk: int  # bytes per load instruction (16, 8 or 4)
     packed: RegisterLayout  # uint8 [vectors * rows, chunk]: vector v of thread t at row v*rows+t
     values: RegisterLayout  # wtype [bk, bn]: mma.b's elements in stored order (stored_order)
+    packed_3d: RegisterLayout  # ``packed`` as uint8 [vectors, rows, chunk] (same local order)
 
     @property
     def vectors(self) -> int:
@@ -128,7 +135,10 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
     # load instruction of a warp reads 32 consecutive chunks (fully used sectors)
     packed = local(nbytes // chunk, 1) * (reduce(spatial(warps_m, rows, 1), [0])
                                           * local(1, chunk))
-    return WeightLayouts(lay, nbytes, rows, chunk, packed, stored_order(lay.b, wtype, adtype))
+    packed_3d = local(nbytes // chunk, 1, 1) * (reduce(spatial(warps_m, 1, rows, 1), [0])
+                                                * local(1, 1, chunk))
+    return WeightLayouts(lay, nbytes, rows, chunk, packed, stored_order(lay.b, wtype, adtype),
+                         packed_3d)
 
 
 def stored_order(values: RegisterLayout, wtype: DType, adtype: DType) -> RegisterLayout:
@@ -154,6 +164,11 @@ def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
         -1, lw.bytes_per_thread)
 
 
+#: the repacked format's N tile and its warps (16 columns each): every schedule reads it
+FORMAT_BN = 64
+FORMAT_WARPS_N = 4
+
+
 @dataclass(frozen=True)
 class _Block:
     """What both bodies of :func:`quant_gemm` set up the same way: layouts, the block's
@@ -169,10 +184,27 @@ class _Block:
     gw: Any
     gs: Any
     gz: Any
+    parts: int = 1  # blocks per format tile (FORMAT_BN // bn)
 
     def weight_row(self, kt: Any) -> Any:
         """First row of K step ``kt``'s tile for this block's N tile."""
         return (kt * self.n_tiles + vm.block_index(0)) * self.lw.tile_rows
+
+    def load_weights(self, kt: Any) -> Any:
+        """This block's packed weights of K step ``kt`` (layout ``lw.packed``).
+
+        A block narrower than the format's tile (``bn`` = 16 or 32: 1 or 2 warps of 16
+        columns) reads its warps' rows of each of the tile's ``vectors`` row groups, through
+        a 3-D view ``[groups, format rows, chunk]``: the same bytes, in the same per-thread
+        order, as a full-width block's warps would hold."""
+        lw = self.lw
+        if self.parts == 1:
+            return vm.load_global(self.gw, [self.weight_row(kt), 0],
+                                  [lw.tile_rows, lw.chunk], lw.packed)
+        nt, part = vm.block_index(0) // self.parts, vm.block_index(0) % self.parts
+        group0 = (kt * (self.n_tiles // self.parts) + nt) * lw.vectors
+        return vm.load_global(self.gw, [group0, part * lw.rows, 0],
+                              [lw.vectors, lw.rows, lw.chunk], lw.packed_3d)
 
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
@@ -188,11 +220,20 @@ def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int
     k_steps = k // bk // split
     k_tile0 = vm.block_index(1) * k_steps
     gx = vm.global_view(x, [m, k])
+    parts = FORMAT_BN // bn
+    vm.static_assert(bn * parts == FORMAT_BN and warps_n * 16 == bn,
+                     f"bn={bn}, warps_n={warps_n}: a block reads whole warps of the weight "
+                     f"format (bn = 16 x warps_n, dividing {FORMAT_BN})")
     # repacked weights: tile (kt, nt) is rows [(kt * n_tiles + nt) * tile_rows, +tile_rows)
-    gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
+    if parts == 1:
+        gw = vm.global_view(w, [(k // bk) * n_tiles * lw.tile_rows, lw.chunk])
+    else:  # row group (kt * format tiles + nt) * vectors + v holds the tile's vector v
+        gw = vm.global_view(w, [(k // bk) * (n // FORMAT_BN) * lw.vectors,
+                                FORMAT_WARPS_N * 32, lw.chunk])
     gs = vm.global_view(scales, [k // group, n])
     gz = vm.global_view(zeros, [k // group, n])
-    return _Block(lw, col0, row0, n_tiles, k_steps, k_tile0, gx, gw, gs, gz)
+    return _Block(lw, col0, row0, n_tiles, k_steps, k_tile0, gx, gw, gs, gz, parts)
+
 
 
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
@@ -225,8 +266,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         """Packed weights, scales (and zeros) of K step kt, clamped to this block's range."""
         kt = minimum(kt, last)
         g = [kt * bk // group, b.col0]
-        data = [vm.load_global(b.gw, [b.weight_row(kt), 0], [lw.tile_rows, lw.chunk],
-                               lw.packed),
+        data = [b.load_weights(kt),
                 vm.load_global(b.gs, g, [1, bn], scale_layout)]
         if zero_point:
             data.append(vm.load_global(b.gz, g, [1, bn], group_layout))
@@ -310,6 +350,8 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                warps_n, split, min_blocks)
     vm.static_assert(prefetch == 1, f"weights_shared stages weights `stages` deep; "
                      f"prefetch={prefetch} must be 1")
+    vm.static_assert(b.parts == 1, f"weights_shared stages whole format tiles: bn={bn} must "
+                     f"be {FORMAT_BN}")
     lw, lay = b.lw, b.lw.mma
     swizzled = bk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
