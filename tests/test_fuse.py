@@ -153,6 +153,29 @@ def test_concat_refuses_layers_of_different_formats(change, message):
     assert all(torch.equal(b, la.qweight) for b, la in zip(before, layers, strict=True))
 
 
+@pytest.mark.parametrize("arg,message", [
+    (lambda layers: layers[0], "layers must be a list or tuple of QuantLinear layers; got "
+                               "QuantLinear"),
+    (lambda layers: [], "layers is empty"),
+])
+def test_concat_names_a_bad_layers_argument(arg, message):
+    with pytest.raises(FuseError, match=f"concat_out_features: {message}"):
+        concat_out_features(arg(_layers(sizes=(64,))))
+    assert torch.equal(concat_out_features(torch.nn.ModuleList(_layers())).qweight,
+                       concat_out_features(_layers()).qweight)
+
+
+def test_fused_mlp_takes_only_a_quantized_gate_up_of_twice_the_width():
+    gate_up = _layers(sizes=(128,))[0]
+    with pytest.raises(FuseError, match=r"out_features 2 \* intermediate_size = 256; got "
+                       "QuantLinear with out_features 128"):
+        FusedGateUpMLP(gate_up, torch.nn.Identity(), torch.nn.SiLU(), 128)
+    with pytest.raises(FuseError, match="got Linear"):
+        FusedGateUpMLP(torch.nn.Linear(128, 128), torch.nn.Identity(), torch.nn.SiLU(), 64)
+    assert FusedGateUpMLP(gate_up, torch.nn.Identity(), torch.nn.SiLU(), 64).intermediate_size \
+        == 64
+
+
 # --------------------------------------------------------------------------------------
 # fuse_projections on a tiny Llama
 

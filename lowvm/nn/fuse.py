@@ -89,9 +89,15 @@ def _layer_problem(name: str, layer: Any) -> str | None:
 
 def concat_problem(layers: Sequence[Any], names: Sequence[str] | None = None) -> str | None:
     """Why ``layers`` cannot be concatenated along out_features (a sentence), or None."""
+    if not isinstance(layers, Sequence | nn.ModuleList) or isinstance(layers, str):
+        return (f"layers must be a list or tuple of QuantLinear layers; got "
+                f"{type(layers).__name__}")
+    layers = list(layers)
     names = list(names) if names is not None else [f"layers[{i}]" for i in range(len(layers))]
     if not layers:
-        return "no layers given"
+        return "layers is empty; give one or more QuantLinear layers"
+    if len(names) != len(layers):
+        return f"names has {len(names)} entries for {len(layers)} layers"
     for name, layer in zip(names, layers, strict=True):
         problem = _layer_problem(name, layer)
         if problem:
@@ -166,6 +172,7 @@ def concat_out_features(layers: Sequence[QuantLinear]) -> QuantLinear:
     problem = concat_problem(layers)
     if problem:
         raise FuseError(f"concat_out_features: {problem}")
+    layers = list(layers)
     first = layers[0]
     sizes = [layer.out_features for layer in layers]
     fused = QuantLinear(first.in_features, sum(sizes), first.spec.wtype, first.spec.group_size,
@@ -416,6 +423,14 @@ class FusedGateUpMLP(nn.Module):
                  act_fn: Callable[[torch.Tensor], torch.Tensor],
                  intermediate_size: int) -> None:
         super().__init__()
+        # its state dict splits gate_up_proj's QuantLinear buffers in two halves
+        if type(gate_up_proj) is not QuantLinear or \
+                gate_up_proj.out_features != 2 * intermediate_size:
+            raise FuseError(f"FusedGateUpMLP: gate_up_proj must be a QuantLinear with "
+                            f"out_features 2 * intermediate_size = {2 * intermediate_size}; got "
+                            f"{type(gate_up_proj).__name__}"
+                            + (f" with out_features {gate_up_proj.out_features}"
+                               if isinstance(gate_up_proj, QuantLinear) else ""))
         self.gate_up_proj = gate_up_proj
         self.down_proj = down_proj
         self.act_fn = act_fn
