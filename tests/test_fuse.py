@@ -60,10 +60,18 @@ def _quantized(model: torch.nn.Module, wtype: str = "int4") -> torch.nn.Module:
     return model
 
 
+def _fuse_all(model: torch.nn.Module) -> None:
+    """fuse_projections, checked to fuse every block: a skip (e.g. a transformers whose
+    forwards differ) must fail the test, not compare the unfused model with itself."""
+    report = fuse_projections(model)
+    layers = model.config.num_hidden_layers
+    assert (report.attention_fused, report.mlps_fused, report.skipped) == (layers, layers, [])
+
+
 def _pair(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(unfused, fused) copies of one quantized model."""
     fused = copy.deepcopy(model)
-    fuse_projections(fused)
+    _fuse_all(fused)
     return model, fused
 
 
@@ -227,14 +235,14 @@ def test_inspect_signature_is_the_hf_forwards():
 
     model = _quantized(tiny_llama())
     cls = type(model.model.layers[0].self_attn)
-    fuse_projections(model)
+    _fuse_all(model)
     assert inspect.signature(model.model.layers[0].self_attn.forward) == \
         inspect.signature(cls.forward.__get__(model.model.layers[0].self_attn))
 
 
 def test_fuse_is_idempotent_and_a_second_call_changes_nothing():
     model = _quantized(tiny_llama())
-    fuse_projections(model)
+    _fuse_all(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     ids = torch.randint(0, 256, (1, 6))
     first = _logits(model, ids)
@@ -248,7 +256,7 @@ def test_fuse_is_idempotent_and_a_second_call_changes_nothing():
 def test_load_unfused_state_dict_into_fused_model():
     source = _quantized(tiny_llama(seed=0))
     target = _quantized(tiny_llama(seed=5))
-    fuse_projections(target)
+    _fuse_all(target)
     ids = torch.randint(0, 256, (2, 7))
     assert not torch.equal(_logits(target, ids), _logits(source, ids))
     result = target.load_state_dict(source.state_dict())
@@ -260,7 +268,7 @@ def test_load_unfused_state_dict_into_fused_model():
 def test_load_refuses_a_wrong_format_record_and_wrong_shapes():
     source = _quantized(tiny_llama())
     target = _quantized(tiny_llama(seed=5))
-    fuse_projections(target)
+    _fuse_all(target)
     state = source.state_dict()
     bad = dict(state)
     bad["model.layers.0.self_attn.k_proj._extra_state"] = torch.zeros(8, dtype=torch.uint8)
@@ -292,7 +300,7 @@ def test_save_pretrained_writes_the_unfused_checkpoint(tmp_path):
     ids = torch.randint(0, 256, (2, 8))
     expected = _logits(from_unfused, ids)
     assert torch.equal(_logits(from_fused, ids), expected)
-    fuse_projections(from_fused)  # a loaded model fuses like a quantized one
+    _fuse_all(from_fused)  # a loaded model fuses like a quantized one
     _close(_logits(from_fused, ids), expected)
 
 
@@ -517,7 +525,7 @@ def test_serving_loop_compiled_step_of_the_fused_model(example):
     dense = example["init_random"](example["random_config"](example["parse_args"]([])), "cpu")
     unfused, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
     fused = copy.deepcopy(unfused)
-    fuse_projections(fused)
+    _fuse_all(fused)
     ids = example["prompts"](2, 6, dense.config.vocab_size, "cpu", 6)
     torch._dynamo.reset()
     counters.clear()
