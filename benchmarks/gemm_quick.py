@@ -57,6 +57,37 @@ def timed(fn, flush, runs=30):
     return statistics.median(times)
 
 
+def graph_us(calls, replays: int = 20) -> float:
+    """µs per call of ``calls`` captured back to back in one CUDA graph, replayed: how a
+    decode step runs them (no launch gaps, no flush; each call should read its own weight
+    copy so that together they overflow the L2 and every weight comes from HBM)."""
+    for call in calls:  # compile, allocate split-K buffers
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    graph.reset()
+    return start.elapsed_time(end) * 1e3 / (replays * len(calls))
+
+
+def weight_copies(qw, wbytes: int, total: int = 256 * 2**20) -> list:
+    """``qw`` and copies of it, ``total`` bytes together (at least 2): cold weights in a
+    graph of back-to-back calls."""
+    count = max(2, min(64, -(-total // wbytes)))
+    return [qw] + [dataclasses.replace(qw, packed=qw.packed.clone(), scales=qw.scales.clone())
+                   for _ in range(count - 1)]
+
+
 def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
     """Rows timing quant_gemm_prefill (the chosen schedule, or each of --prefill-schedules)."""
     m, k, n = x.shape[0], qw.k, qw.n
@@ -98,6 +129,9 @@ def main() -> None:
                     "sweeps above, comma separated: 'base' (the chosen one) or split:prefetch:"
                     "stages:weights_shared:min_blocks[:bn] (split 0: the chosen one's, d: "
                     "twice it, <= 8; stages 0: none; bn 16/32: narrow blocks)")
+    ap.add_argument("--graph", action="store_true", help="time lowvm and cuBLAS inside a "
+                    "CUDA graph of back-to-back calls over >= 256 MB of weight copies "
+                    "(graph_us) instead of one launch after an L2 flush")
     ap.add_argument("--prefill-kernel", default="quant_gemm",
                     choices=["quant_gemm", "quant_gemm_prefill"],
                     help="quant_gemm_prefill: also time it for M > 64")
@@ -119,6 +153,7 @@ def main() -> None:
             deq = torch.from_numpy(decode(codes, wt).astype(np.float32)).cuda() * torch.from_numpy(
                 np.repeat(scales.T.astype(np.float32), 128, 1)).cuda()
             wbytes = qw.packed.numel() + qw.scales.numel() * 2
+            copies = weight_copies(qw, wbytes) if args.graph else [qw]
             print(f"prepared {tname} {k}x{n} in {time.time() - t0:.1f}s", flush=True)
             for m in [int(v) for v in args.ms.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
@@ -157,7 +192,11 @@ def main() -> None:
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())
-                    us = timed(lambda s=s, x=x, qw=qw: quant_linear(x, qw, s), flush)
+                    if args.graph:
+                        us = graph_us([lambda s=s, x=x, c=c: quant_linear(x, c, s)
+                                       for c in copies])
+                    else:
+                        us = timed(lambda s=s, x=x, qw=qw: quant_linear(x, qw, s), flush)
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
                     for _ in range(200):  # host time per call (the GPU runs behind)
@@ -167,7 +206,7 @@ def main() -> None:
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
                                      prefetch=depth, stages=st, weights_shared=shared,
                                      min_blocks=mb, bn=bn,
-                                     bm=s.bm, us=us, rel_err=err,
+                                     bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                                      floor_us=wbytes / 3.04e6))
@@ -175,7 +214,13 @@ def main() -> None:
                 if m > 64 and args.prefill_kernel == "quant_gemm_prefill":
                     rows += prefill_rows(args, x, qw, ref, flush, wbytes, tname)
                 if tname == args.types.split(",")[0]:
-                    us = timed(lambda x=x, wd=wdev: x @ wd.T, flush)
+                    if args.graph:
+                        dense = [wdev] + [wdev.clone() for _ in
+                                          range(max(1, min(15, (256 << 20) // wdev.nbytes)))]
+                        us = graph_us([lambda x=x, wd=wd: x @ wd.T for wd in dense])
+                        del dense
+                    else:
+                        us = timed(lambda x=x, wd=wdev: x @ wd.T, flush)
                     rows.append(dict(kernel="cublas_fp16", dtype="float16", k=k, n=n, m=m,
                                      us=us, tflops=2 * m * n * k / us / 1e6,
                                      gbps=2 * n * k / us / 1e3))
