@@ -8,7 +8,9 @@ kernel that reads 60 MB, that is a large share of the traffic the "floor" does n
 This script times the same work after three flushes, in one process:
   write  ``flush.zero_()`` (DESIGN.md's method; dirty L2)
   read   a 512 MB read (``flush.sum()``): the L2 is evicted but left clean
-  none   no flush (an L2-resident operand is timed from cache)
+  none   no flush, only a GPU-side wait ahead of the call (an operand that fits the L2 is
+         timed from cache); results/flush_effect_h100_2026-11-23.json predates the wait,
+         so its "none" column timed the host's launch path too (25-135 µs)
 for a pure read (``torch.sum`` of a float16 tensor as large as the int4 weight + scales),
 lowvm's int4 g128 GEMM at M = 1 and cuBLAS fp16 at M = 1.
 Usage: python benchmarks/flush_effect.py --out flush_effect.json
@@ -18,33 +20,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
 import torch
+from timing import median_us
 
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.kernels.library import prepare_weight, quant_linear, quantize_to_codes
 
 SHAPES = [(4096, 1024), (4096, 4096), (4096, 6144), (4096, 14336), (14336, 4096),
           (8192, 10240), (4096, 28672), (28672, 8192)]
-
-
-def median_us(fn, before, runs: int = 30) -> float:
-    """Median µs of ``fn`` between CUDA events, ``before()`` run ahead of each timing."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def time_shape(k: int, n: int, rng: np.random.Generator, flushes: dict) -> list[dict]:
@@ -80,7 +66,8 @@ def main() -> None:
     sink = torch.zeros((), dtype=torch.float32, device="cuda")
     flushes = {"write": lambda: flush.zero_(),
                "read": lambda: torch.sum(flush, 0, out=sink),
-               "none": lambda: None}
+               # no flush, but a GPU-side wait, so the events do not time the host's launch
+               "none": lambda: torch.cuda._sleep(2_000_000)}
     rng = np.random.default_rng(0)
     rows = []
     for k, n in SHAPES:

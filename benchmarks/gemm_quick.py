@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import time
 
 import numpy as np
 import torch
+from timing import median_us
 
 from lowvm.dtypes import decode
 from lowvm.dtypes import dtype as as_dtype
@@ -43,18 +43,8 @@ def parse_shape(spec: str) -> tuple[int, int]:
 
 
 def timed(fn, flush, runs=30):
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(runs):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    """DESIGN.md's timing: the 512 MB ``flush`` written before each of ``runs`` calls."""
+    return median_us(fn, flush.zero_, runs)
 
 
 def graph_us(calls, replays: int = 20) -> float:
@@ -189,6 +179,8 @@ def main() -> None:
                                             weights_shared=shared, min_blocks=mb, bn=bn,
                                             warps_n=bn // 16 if bn < 64 else base.warps_n)
                     if (k // s.bk) % (sp * depth):
+                        print(f"skipped {s}: K / bk = {k // s.bk} steps is not a multiple "
+                              f"of split x prefetch = {sp * depth}", flush=True)
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())

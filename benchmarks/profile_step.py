@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", default="lm_head", help="layers left float16 (comma list)")
     args = ap.parse_args()
+    if not 1 <= args.steps <= 120:
+        ap.error(f"--steps must be in [1, 120] (the static cache's room); got {args.steps}")
     qg = load_example()
     ex = qg.parse_args(["--config", "llama3-8b"])
     dense, _ = qg.build_model(ex, "cuda")
@@ -95,7 +97,7 @@ def main() -> None:
     ids = qg.prompts(1, 16, dense.config.vocab_size, "cuda", 0)
     results = {}
     for name, model in (("float16", dense), ("int4 g128 fused", quant)):
-        loop = qg.DecodeLoop(model, ids, 64, compile_mode="default")
+        loop = qg.DecodeLoop(model, ids, args.steps + 8, compile_mode="default")
         loop.capture()
         results[name] = profile(loop, args.steps)
         loop.close()

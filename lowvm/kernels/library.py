@@ -137,9 +137,14 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     split. M > 16 splits only up to ~2 blocks per SM (more measured slower at M = 64),
     and finishes the sums with a second kernel (the in-kernel reduction measured slower
     there: 4096 x 6144, M = 64: 41.4 vs 33.3 us).
+    Split-8 decode grids with 8..23 K steps per block prefetch two steps of weights with
+    x double-buffered (14336 x 4096: 22.3 vs 24.7 us); other split-8 grids pipeline x four
+    deep, one step of weights ahead.
     Fitted to the H100 decode sweeps of NOTES.md (2026-11-23, fused split-K): e.g.
     4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.2, 28672 x 8192 split 8 60.9,
-    4096 x 28672 unsplit 35.4.
+    4096 x 28672 unsplit 35.4; inside a CUDA graph of back-to-back calls (``gemm_quick.py
+    --graph``) no other schedule of the space measured more than 0.6 us faster on the
+    Llama-3-8B decode shapes (fourth session).
     """
     if m <= 16:
         bm, warps_m = 16, 1
@@ -164,8 +169,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
                             prefetch=_largest_dividing(4, steps // split))
     if m <= 16 and 8 <= steps // split < 24 and (steps // split) % 2 == 0:
         # split-8 grids with 8..23 K steps per block: two steps of weights in flight and x
-        # double-buffered (96 registers for int4: 5 blocks per SM); measured 22.5-22.7 vs
-        # 24.7 us (14336 x 4096, M = 1; NOTES.md, fourth session)
+        # double-buffered (ptxas gives int4 96 registers, so 5 blocks fit per SM); measured
+        # 22.5-22.7 vs 24.7 us (14336 x 4096, M = 1; NOTES.md, fourth session)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=2, prefetch=2)
     # the other split-8 decode grids (and M > 16) pipeline x 4 (3) deep instead: measured

@@ -445,10 +445,9 @@ class FusedGateUpMLP(nn.Module):
 
 def _attention_forward(module: Any, style: _Style) -> Callable[..., Any]:
     """The fused forward of one attention class: the HF forward with q/k/v split out of
-    one GEMM, using that class's own modeling helpers."""
-    apply_rotary_pos_emb = module.apply_rotary_pos_emb
-    attention_functions = module.ALL_ATTENTION_FUNCTIONS
-    eager_attention_forward = module.eager_attention_forward
+    one GEMM, using that class's own modeling helpers, looked up in ``module`` at each call
+    as the HF forward does (a helper patched into the modeling module later, e.g. a fused
+    rotary kernel, is used)."""
     sliding, qk_norm = style
 
     def forward(self: Any, hidden_states: torch.Tensor,
@@ -468,14 +467,15 @@ def _attention_forward(module: Any, style: _Style) -> Callable[..., Any]:
         value_states = value.view(hidden_shape).transpose(1, 2)
 
         cos, sin = position_embeddings  # type: ignore[misc]
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        query_states, key_states = module.apply_rotary_pos_emb(query_states, key_states, cos,
+                                                               sin)
 
         if past_key_values is not None:
             key_states, value_states = past_key_values.update(key_states, value_states,
                                                               self.layer_idx)
 
-        attention_interface = attention_functions.get_interface(
-            self.config._attn_implementation, eager_attention_forward)
+        attention_interface = module.ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, module.eager_attention_forward)
         dropout = 0.0 if not self.training else self.attention_dropout
         if sliding is None:
             attn_output, attn_weights = attention_interface(

@@ -1,0 +1,26 @@
+"""The timing method of DESIGN.md, shared by the benchmark scripts: CUDA events around one
+call, something run ahead of each timing (an L2 flush), median of ``runs``."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+
+def median_us(fn, before, runs: int = 30) -> float:
+    """Median µs of ``fn`` between CUDA events, ``before()`` enqueued ahead of each timing
+    (it must keep the GPU busy for longer than the host takes to launch ``fn``, or the
+    timing includes the host's launch path: see ``flush_effect.py``'s "none")."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
