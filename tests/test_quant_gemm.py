@@ -230,28 +230,35 @@ def test_gpu_matches_float64(wtype, m):
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("wtype", TYPES)
-@pytest.mark.parametrize("m", [1, 16, 33])
-def test_gpu_narrow_blocks_match_float64(wtype, m):
-    """bn = 32 (2 warps) and 16 (1 warp) blocks on the library's format, split 1 and 2."""
+def _check_schedules_on_gpu(wtype, m, seed, schedules):
+    """``quant_linear`` with each of ``schedules(weight)`` against float64, in f16 (when
+    the type fits it) and bf16."""
     import torch
 
-    rng = np.random.default_rng(14)
+    rng = np.random.default_rng(seed)
     n, k, g = 256, 1024, 128
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
     qw = prepare_weight(codes, scales, wtype, g)
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = _reference(x, codes, scales, wtype, g)
-    for bn, split, prefetch in ((32, 1, 4), (32, 2, 2), (16, 1, 2)):
-        s = dataclasses.replace(choose_schedule(m, n, k, qw.bk), bn=bn, warps_n=bn // 16,
-                                split=split, prefetch=prefetch, stages=None)
+    for s in schedules(qw):
         for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
             if dtype == torch.float16 and not fits_float16(qw.wtype):
                 continue
             y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw, s)
             torch.cuda.synchronize()
-            assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, bn, split, dtype)
+            assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, s, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("m", [1, 16, 33])
+def test_gpu_narrow_blocks_match_float64(wtype, m):
+    """bn = 32 (2 warps) and 16 (1 warp) blocks on the library's format, split 1 and 2."""
+    _check_schedules_on_gpu(wtype, m, 14, lambda qw: [
+        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), bn=bn, warps_n=bn // 16,
+                            split=split, prefetch=prefetch, stages=None)
+        for bn, split, prefetch in ((32, 1, 4), (32, 2, 2), (16, 1, 2))])
 
 
 @pytest.mark.gpu
@@ -259,22 +266,9 @@ def test_gpu_narrow_blocks_match_float64(wtype, m):
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_gpu_staged_weights_match_float64(wtype, m):
     """The weights_shared decode schedules (stages 2..6, split 1/2), f16 and bf16."""
-    import torch
-
-    rng = np.random.default_rng(9)
-    n, k, g = 256, 1024, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
-    qw = prepare_weight(codes, scales, wtype, g)
-    x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, wtype, g)
-    for split, stages in ((1, 2), (2, 4), (1, 6)):
-        s = GemmSchedule(16, 64, qw.bk, 1, 4, split, stages, 1, weights_shared=True)
-        for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
-            if dtype == torch.float16 and not fits_float16(qw.wtype):
-                continue
-            y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw, s)
-            torch.cuda.synchronize()
-            assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, split, stages, dtype)
+    _check_schedules_on_gpu(wtype, m, 9, lambda qw: [
+        GemmSchedule(16, 64, qw.bk, 1, 4, split, stages, 1, weights_shared=True)
+        for split, stages in ((1, 2), (2, 4), (1, 6))])
 
 
 @pytest.mark.gpu
