@@ -34,9 +34,9 @@ EXAMPLES = {
     # choose_schedule's split-8 pick for 8..23 K steps per block, at the widest type
     "quant_gemm_int8_split8_p2": (quant_gemm, {"wtype": lowvm.int8, **GemmSchedule(
         split=8, stages=2, prefetch=2).constants()}),
-    # the occupancy hint (vm.set_min_blocks): 5 blocks per SM, still unspilled for int4
-    "quant_gemm_int4_min_blocks5": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
-        split=8, stages=2, prefetch=2, min_blocks=5).constants()}),
+    # the occupancy hint (vm.set_min_blocks): 6 blocks per SM, still unspilled for int4
+    "quant_gemm_int4_min_blocks6": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        split=8, stages=4, min_blocks=6).constants()}),
     "finish_split": (finish_split, {}),
     "repack_int4": (repack_program, {"wtype": lowvm.int4}),
     "repack_e3m2_bk32": (repack_program, {"wtype": lowvm.float6_e3m2, "bk": 32}),

@@ -107,6 +107,38 @@ def test_load_global_negative_and_far_offsets_read_zero(shift):
     np.testing.assert_array_equal(y, expected)
 
 
+@vm.program(warps=1)
+def asserted_inside(x: vm.ptr[vm.int32], y: vm.ptr[vm.int32], start: vm.int32,
+                    per_thread: int = 1):
+    """y = x[start : start + 32 * per_thread], the load asserted in bounds."""
+    vm.set_grid(1)
+    size = 32 * per_thread
+    t = vm.load_global(vm.global_view(x, [2 * size]), [start], [size],
+                       vm.spatial(32).local(per_thread), inbounds=True)
+    vm.store_global(vm.global_view(y, [size]), t)
+
+
+@pytest.mark.parametrize("per_thread", [1, 4])  # scalar and 16-byte vector loads
+def test_inbounds_loads_skip_the_test_in_cuda_and_are_checked_by_the_interpreter(per_thread):
+    from lowvm.codegen import generate_cuda
+    from lowvm.errors import LowvmError
+
+    size = 32 * per_thread
+    program = asserted_inside.build(per_thread=per_thread)
+    x = np.arange(2 * size, dtype=np.int32)
+    y = np.zeros(size, np.int32)
+    lowvm.interpret(program, x, y, size)
+    np.testing.assert_array_equal(y, x[size:])
+    with pytest.raises(LowvmError, match=rf"inbounds=True.*offsets \[{size + 8}\].*"
+                                         rf"shape \[{2 * size}\]"):
+        lowvm.interpret(program, x, y, size + 8)
+    load = [line for line in generate_cuda(program).source.splitlines()
+            if "x[" in line and "=" in line]
+    assert load and not any("?" in line for line in load), load  # no bounds test
+    plain = generate_cuda(shifted.build()).source  # the default keeps it
+    assert any("?" in line for line in plain.splitlines() if "x[" in line)
+
+
 # ---------------------------------------------------------------------------------------
 # register_tensor, thread_index, let
 

@@ -94,8 +94,11 @@ def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
             ref, inside = global_ref(cg, memory, inst.offsets, rel)
             if is_load:
                 load = "__ldcg" if getattr(inst, "coherent", False) else "__ldg"
-                cg.line(f"{reg} = ({inside}) ? {load}(reinterpret_cast<const {vt}*>(&{ref})) "
-                        f": {_VECTOR_ZEROS[access.nbytes]};")
+                value = f"{load}(reinterpret_cast<const {vt}*>(&{ref}))"
+                if getattr(inst, "inbounds", None):  # asserted; the interpreter checks it
+                    cg.line(f"{reg} = {value};")
+                else:
+                    cg.line(f"{reg} = ({inside}) ? {value} : {_VECTOR_ZEROS[access.nbytes]};")
             else:
                 cg.line(f"if ({inside}) *reinterpret_cast<{vt}*>(&{ref}) = {reg};")
 

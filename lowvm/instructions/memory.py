@@ -95,6 +95,9 @@ class LoadGlobal(Instruction):
     ``coherent``: read what other blocks wrote earlier in the same launch (after a
     :func:`~lowvm.lang.arrive`), through L2 only: plain loads may use the read-only and
     L1 caches, which do not see other blocks' writes.
+    ``inbounds`` (True): the program asserts the whole tile lies inside the tensor, so the
+    CUDA code loads without a bounds test per element; the interpreter checks the
+    assertion on every execution and raises where it fails.
     """
 
     mnemonic = "load_global"
@@ -102,6 +105,7 @@ class LoadGlobal(Instruction):
     src: GlobalTensor
     offsets: tuple[Expr, ...]
     coherent: bool = False
+    inbounds: bool | None = None  # None: not asserted (printed only when True)
 
     def check(self) -> None:
         _check_offsets(self, self.offsets, self.src.rank, "global tensor")
@@ -114,6 +118,11 @@ class LoadGlobal(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         flat, inside = _global_positions(st, self.src, self.offsets, self.out.layout.table)
+        if self.inbounds and not inside.all():
+            start = [int(st.eval(o)) for o in self.offsets]
+            raise self.error(f"load_global(inbounds=True): the {list(self.out.shape)} tile at "
+                             f"offsets {start} reaches outside %{self.src.name} of shape "
+                             f"{list(st.global_shape(self.src)[0])}")
         values = np.zeros(flat.shape, dtype=np.float64 if self.out.dtype.is_float else np.int64)
         values[inside] = st.global_buffer(self.src, self).read(flat[inside])
         st.set(self.out, values)
@@ -121,7 +130,7 @@ class LoadGlobal(Instruction):
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")
         _emit_global_access(cg, self.src, self.offsets, self.out, load=True,
-                            coherent=self.coherent)
+                            coherent=self.coherent, inbounds=bool(self.inbounds))
 
 
 @register_instruction
@@ -429,7 +438,7 @@ def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
 
 
 def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: RegisterTensor,
-                        load: bool, coherent: bool = False) -> None:
+                        load: bool, coherent: bool = False, inbounds: bool = False) -> None:
     lay = tile.layout
     cg.line("#pragma unroll")
     with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
@@ -437,7 +446,11 @@ def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: Re
         ref, inside = global_ref(cg, tensor, offsets, index)
         if load:
             value = f"__ldcg(&{ref})" if coherent else ref
-            cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {value} : {_zero(tile.dtype)};")
+            if inbounds:  # asserted by the program, checked by the interpreter
+                cg.line(f"{cg.raw_get(tile, 'l')} = {value};")
+            else:
+                cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {value} : "
+                        f"{_zero(tile.dtype)};")
         else:
             cg.line(f"if ({inside}) {ref} = {cg.raw_get(tile, 'l')};")
 

@@ -200,11 +200,11 @@ class _Block:
         lw = self.lw
         if self.parts == 1:
             return vm.load_global(self.gw, [self.weight_row(kt), 0],
-                                  [lw.tile_rows, lw.chunk], lw.packed)
+                                  [lw.tile_rows, lw.chunk], lw.packed, inbounds=True)
         nt, part = vm.block_index(0) // self.parts, vm.block_index(0) % self.parts
         group0 = (kt * (self.n_tiles // self.parts) + nt) * lw.vectors
         return vm.load_global(self.gw, [group0, part * lw.rows, 0],
-                              [lw.vectors, lw.rows, lw.chunk], lw.packed_3d)
+                              [lw.vectors, lw.rows, lw.chunk], lw.packed_3d, inbounds=True)
 
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
@@ -263,13 +263,15 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     last = b.k_tile0 + b.k_steps - 1
 
     def step_data(kt):
-        """Packed weights, scales (and zeros) of K step kt, clamped to this block's range."""
+        """Packed weights, scales (and zeros) of K step kt, clamped to this block's range
+        (so every load is inside its tensor: ``inbounds``, which the interpreter checks,
+        spares the CUDA code a bounds test per load)."""
         kt = minimum(kt, last)
         g = [kt * bk // group, b.col0]
         data = [b.load_weights(kt),
-                vm.load_global(b.gs, g, [1, bn], scale_layout)]
+                vm.load_global(b.gs, g, [1, bn], scale_layout, inbounds=True)]
         if zero_point:
-            data.append(vm.load_global(b.gz, g, [1, bn], group_layout))
+            data.append(vm.load_global(b.gz, g, [1, bn], group_layout, inbounds=True))
         return data
 
     # `prefetch` K steps of weights and scales in flight per thread, in round-robin

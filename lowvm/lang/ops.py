@@ -196,13 +196,16 @@ def global_view(ptr: Pointer, shape: Sequence[ExprLike], strides: Sequence[ExprL
 
 
 def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Sequence[int],
-                layout: RegisterLayout | None = None, coherent: bool = False
-                ) -> RegisterTensor:
+                layout: RegisterLayout | None = None, coherent: bool = False,
+                inbounds: bool = False) -> RegisterTensor:
     """Load the tile of ``shape`` at ``offsets``; elements outside the tensor read as 0.
 
     Without ``layout``, layout inference picks it: the one its consumers need, else
     contiguous 16-byte runs per thread along the last dim. ``coherent=True`` reads what
     other blocks of this launch wrote before an :func:`arrive` (through L2 only).
+    ``inbounds=True`` asserts that the tile always lies inside the tensor: the CUDA code
+    then skips the per-element bounds test, and the interpreter raises wherever the
+    assertion fails (so a CPU run of the program checks it).
     """
     if not isinstance(src, GlobalTensor):
         raise _fail(f"load_global: src must be a global tensor, got {type(src).__name__}")
@@ -210,7 +213,8 @@ def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Se
     out = current().register(src.dtype, shape, layout, "load_global")
     current().emit(LoadGlobal(out=out, src=src, offsets=_offsets(offsets, src.rank,
                                                                   "load_global"),
-                              coherent=bool(coherent), loc=_loc()))
+                              coherent=bool(coherent), inbounds=True if inbounds else None,
+                              loc=_loc()))
     return out
 
 
