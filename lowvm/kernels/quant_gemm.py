@@ -29,9 +29,10 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
 
 - **Narrow blocks** (``bn`` = 32 or 16: 2 or 1 warps): a block reads its warps' rows of
   the 64-wide format tiles (:meth:`_Block.load_weights`), so one repacked copy also serves
-  grids of twice or four times as many, smaller blocks: more of them fit per SM, which
-  evens out the last wave on wide N (448 blocks of 4 warps on 132 SMs leave some SMs a
-  fourth block while others idle).
+  grids of twice or four times as many, smaller blocks, which fit more evenly on the SMs.
+  A schedule option, not the library's choice: on the H100 they measured slower on
+  4096 x 28672 (37.9 vs 35.4 us at M = 1; each block loads x and runs its prologue) and
+  faster only on 4096 x 14336 at split 2 (24.7 vs 26.2).
 
 Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``n`` of ``bn``, ``group`` a
 multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
@@ -233,7 +234,6 @@ def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int
     gs = vm.global_view(scales, [k // group, n])
     gz = vm.global_view(zeros, [k // group, n])
     return _Block(lw, col0, row0, n_tiles, k_steps, k_tile0, gx, gw, gs, gz, parts)
-
 
 
 def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
