@@ -392,7 +392,7 @@ def test_family_with_sdpa_attention():
 
 
 @pytest.mark.parametrize("name", ["mistral", "qwen2", "qwen3", "llama_bias"])
-def test_family_passes_the_same_arguments_to_the_attention_function(name):
+def test_family_passes_the_same_arguments_to_the_attention_function(name, monkeypatch):
     """The sliding_window argument only matters to flash attention (eager and sdpa get the
     window through the mask), so a recording attention function checks every argument."""
     from transformers import AttentionInterface
@@ -407,7 +407,8 @@ def test_family_passes_the_same_arguments_to_the_attention_function(name):
                              if isinstance(v, int | float | bool | None))))
         return eager_attention_forward(module, query, key, value, mask, **kwargs)
 
-    AttentionInterface.register("lowvm_test_recording", recording)
+    # registered for this test only (restored afterwards): the registry is global
+    monkeypatch.setitem(AttentionInterface._global_mapping, "lowvm_test_recording", recording)
     model = _family(name)
     model.config._attn_implementation = "lowvm_test_recording"
     unfused, fused = _pair(_quantized(model))
