@@ -180,12 +180,10 @@ def concat_out_features(layers: Sequence[QuantLinear]) -> QuantLinear:
                         act_order=first.input_perm is not None, device="meta",
                         bias_dtype=torch.float16 if first.bias is None else first.bias.dtype)
     with torch.no_grad():
-        fused.qweight = _concat_qweight([layer.qweight for layer in layers], sizes, first)
-        fused.scales = torch.cat([layer.scales for layer in layers], 1)
-        if first.zeros is not None:
-            fused.zeros = torch.cat([layer.zeros for layer in layers], 1)  # type: ignore[misc]
-        if first.bias is not None:
-            fused.bias = torch.cat([layer.bias for layer in layers])  # type: ignore[misc]
+        for key in ("qweight", "scales", "zeros", "bias"):  # joined as a state dict is
+            values = [getattr(layer, key) for layer in layers]
+            if values[0] is not None:
+                setattr(fused, key, _merge_entries(key, values, fused, sizes))
         if first.input_perm is not None:
             fused.input_perm = first.input_perm.clone()
     fused.train(first.training)
@@ -327,9 +325,14 @@ def _replace_children(module: nn.Module, parts: Sequence[str], name: str,
     module._modules.update(children)
 
 
+def _forward_replaced(module: nn.Module) -> bool:
+    """A forward set on the instance (accelerate's offloading hooks do that)."""
+    return "forward" in vars(module) or "_hf_hook" in vars(module)
+
+
 def _has_hooks(module: nn.Module) -> bool:
-    """Hooks, or a forward set on the instance (accelerate's offloading hooks do that)."""
-    if "forward" in vars(module) or "_hf_hook" in vars(module):
+    """Hooks, or a forward set on the instance."""
+    if _forward_replaced(module):
         return True
     return any(getattr(module, attr, None) for attr in (
         "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
@@ -534,7 +537,7 @@ def _attention_problem(attn: nn.Module, shared: set[int]) -> str | None:
     why = _known(type(attn), _ATTENTION)
     if why:
         return why
-    if "forward" in vars(attn) or "_hf_hook" in vars(attn):
+    if _forward_replaced(attn):
         return "the attention's forward is replaced on the instance (accelerate hooks?)"
     parts = [attn.q_proj, attn.k_proj, attn.v_proj]
     if any(id(p) in shared for p in parts):
