@@ -78,6 +78,38 @@ def weight_copies(qw, wbytes: int, total: int = 256 * 2**20) -> list:
                    for _ in range(count - 1)]
 
 
+def schedules_to_time(args, base: GemmSchedule, m: int) -> list[GemmSchedule]:
+    """The schedules the options ask for at batch ``m``, from the chosen one ``base``:
+    ``--variants`` when given, else the sweeps of --splits/--prefetch/--stages/
+    --weights-shared."""
+    if args.variants:
+        return [parse_variant(spec, base) for spec in args.variants.split(",")]
+    splits = sorted({1, 2, 4, 8, base.split}) if args.splits and m <= 16 else [base.split]
+    depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
+    stages = [int(v) or None for v in args.stages.split(",") if v] or [base.stages]
+    variants = [(sp, d, st, False) for sp in splits for d in depths for st in stages]
+    if "1" in args.weights_shared.split(",") and m <= 16:
+        staged = [v for v in stages if v] or [4]
+        variants = ([(sp, d, base.stages, False) for sp in splits for d in depths]
+                    if "0" in args.weights_shared.split(",") else [])
+        variants += [(sp, 1, st, True) for sp in splits for st in staged]
+    return [dataclasses.replace(base, split=sp, prefetch=d, stages=st, weights_shared=sh,
+                                min_blocks=1) for sp, d, st, sh in variants]
+
+
+def parse_variant(spec: str, base: GemmSchedule) -> GemmSchedule:
+    """One ``--variants`` item (see its help) as a schedule."""
+    if spec == "base":
+        return base
+    sp, *rest = spec.split(":")
+    depth, st, shared, mb, *bn = (int(v) for v in rest)
+    width = bn[0] if bn else base.bn
+    return dataclasses.replace(
+        base, split={"0": base.split, "d": min(8, 2 * base.split)}.get(sp) or int(sp),
+        prefetch=depth, stages=st or None, weights_shared=bool(shared), min_blocks=mb,
+        bn=width, warps_n=width // 16 if width < 64 else base.warps_n)
+
+
 def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
     """Rows timing quant_gemm_prefill (the chosen schedule, or each of --prefill-schedules)."""
     m, k, n = x.shape[0], qw.k, qw.n
@@ -148,39 +180,11 @@ def main() -> None:
             for m in [int(v) for v in args.ms.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
                 base = choose_schedule(m, n, k, qw.bk)
-                splits = [base.split]
-                if args.splits and m <= 16:
-                    splits = sorted({1, 2, 4, 8, base.split})
                 ref = (x.float() @ deq.T)
-                depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
-                stages = [int(v) or None for v in args.stages.split(",") if v] or [base.stages]
-                variants = [(sp, d, st, False) for sp in splits for d in depths
-                            for st in stages]
-                if "1" in args.weights_shared.split(",") and m <= 16:
-                    staged = [v for v in stages if v] or [4]
-                    variants = ([(sp, d, base.stages, False) for sp in splits for d in depths]
-                                if "0" in args.weights_shared.split(",") else [])
-                    variants += [(sp, 1, st, True) for sp in splits for st in staged]
-                variants = [(*v, 1, base.bn) for v in variants]
-                if args.variants:
-                    variants = []
-                    for spec in args.variants.split(","):
-                        if spec == "base":
-                            variants.append((base.split, base.prefetch, base.stages,
-                                             base.weights_shared, base.min_blocks, base.bn))
-                            continue
-                        sp, *rest = spec.split(":")
-                        depth, st, shared, mb, *bn = (int(v) for v in rest)
-                        sp = {"0": base.split, "d": min(8, 2 * base.split)}.get(sp) or int(sp)
-                        variants.append((sp, depth, st or None, bool(shared), mb,
-                                         bn[0] if bn else base.bn))
-                for sp, depth, st, shared, mb, bn in variants:
-                    s = dataclasses.replace(base, split=sp, stages=st, prefetch=depth,
-                                            weights_shared=shared, min_blocks=mb, bn=bn,
-                                            warps_n=bn // 16 if bn < 64 else base.warps_n)
-                    if (k // s.bk) % (sp * depth):
+                for s in schedules_to_time(args, base, m):
+                    if (k // s.bk) % (s.split * s.prefetch):
                         print(f"skipped {s}: K / bk = {k // s.bk} steps is not a multiple "
-                              f"of split x prefetch = {sp * depth}", flush=True)
+                              f"of split x prefetch = {s.split * s.prefetch}", flush=True)
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())
@@ -195,9 +199,10 @@ def main() -> None:
                         quant_linear(x, qw, s)
                     host_us = (time.perf_counter() - t0) / 200 * 1e6
                     torch.cuda.synchronize()
-                    rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=sp,
-                                     prefetch=depth, stages=st, weights_shared=shared,
-                                     min_blocks=mb, bn=bn,
+                    rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=s.split,
+                                     prefetch=s.prefetch, stages=s.stages,
+                                     weights_shared=s.weights_shared,
+                                     min_blocks=s.min_blocks, bn=s.bn,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
