@@ -102,12 +102,13 @@ def parse_variant(spec: str, base: GemmSchedule) -> GemmSchedule:
     if spec == "base":
         return base
     sp, *rest = spec.split(":")
-    depth, st, shared, mb, *bn = (int(v) for v in rest)
-    width = bn[0] if bn else base.bn
+    depth, st, shared, mb, *more = (int(v) for v in rest)
+    width = more[0] if more and more[0] else base.bn
     return dataclasses.replace(
         base, split={"0": base.split, "d": min(8, 2 * base.split)}.get(sp) or int(sp),
         prefetch=depth, stages=st or None, weights_shared=bool(shared), min_blocks=mb,
-        bn=width, warps_n=width // 16 if width < 64 else base.warps_n)
+        bn=width, warps_n=width // 16 if width < 64 else base.warps_n,
+        x_steps=more[1] if len(more) > 1 else 0)
 
 
 def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
@@ -149,8 +150,9 @@ def main() -> None:
                     "schedule's)")
     ap.add_argument("--variants", default="", help="schedules to time instead of the "
                     "sweeps above, comma separated: 'base' (the chosen one) or split:prefetch:"
-                    "stages:weights_shared:min_blocks[:bn] (split 0: the chosen one's, d: "
-                    "twice it, <= 8; stages 0: none; bn 16/32: narrow blocks)")
+                    "stages:weights_shared:min_blocks[:bn[:x_steps]] (split 0: the chosen "
+                    "one's, d: twice it, <= 8; stages 0: none; bn 16/32: narrow blocks, 0: "
+                    "the chosen one's; x_steps: K steps of x per copy, 0: prefetch's)")
     ap.add_argument("--graph", action="store_true", help="time lowvm and cuBLAS inside a "
                     "CUDA graph of back-to-back calls over >= 256 MB of weight copies "
                     "(graph_us) instead of one launch after an L2 flush")
@@ -182,9 +184,10 @@ def main() -> None:
                 base = choose_schedule(m, n, k, qw.bk)
                 ref = (x.float() @ deq.T)
                 for s in schedules_to_time(args, base, m):
-                    if (k // s.bk) % (s.split * s.prefetch):
+                    if (k // s.bk) % (s.split * s.steps_per_copy):
                         print(f"skipped {s}: K / bk = {k // s.bk} steps is not a multiple "
-                              f"of split x prefetch = {s.split * s.prefetch}", flush=True)
+                              f"of split x steps per copy = {s.split * s.steps_per_copy}",
+                              flush=True)
                         continue
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())
@@ -202,7 +205,7 @@ def main() -> None:
                     rows.append(dict(kernel="lowvm", dtype=tname, k=k, n=n, m=m, split=s.split,
                                      prefetch=s.prefetch, stages=s.stages,
                                      weights_shared=s.weights_shared,
-                                     min_blocks=s.min_blocks, bn=s.bn,
+                                     min_blocks=s.min_blocks, bn=s.bn, x_steps=s.x_steps,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,

@@ -11,6 +11,7 @@ import lowvm
 import lowvm.lang as vm
 from lowvm.dtypes import decode
 from lowvm.errors import LowvmError
+from lowvm.ir import ProgramError
 from lowvm.kernels.library import (
     choose_schedule,
     fits_float16,
@@ -70,6 +71,33 @@ def test_interpreter_matches_float64(wtype, split, m, prefetch):
     # split-K: the last block of each tile wrote y and left workspace and counters cleared
     assert not ws.any() and not counters.any()
     assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
+@pytest.mark.parametrize("wtype,split,m,prefetch,x_steps,stages", [
+    ("int4", 1, 3, 1, 4, 2), ("int3", 2, 1, 2, 2, None), ("uint2", 1, 17, 2, 4, 3),
+    ("float6_e3m2", 2, 2, 1, 2, 2)])
+def test_x_steps_in_the_interpreter(wtype, split, m, prefetch, x_steps, stages):
+    """x copied ``x_steps`` K steps at a time, weights still ``prefetch`` steps ahead."""
+    rng = np.random.default_rng(15)
+    n, k, g = 128, 1024, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    sched = GemmSchedule(split=split, prefetch=prefetch, x_steps=x_steps, stages=stages)
+    assert sched.steps_per_copy == x_steps
+    packed = repack_weights(codes, wtype, sched)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    counters = _counters(m, n)
+    lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
+                    m, n, k, x, packed, scales, scales, y, ws, counters)
+    assert not ws.any() and not counters.any()
+    assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
+def test_x_steps_must_be_a_multiple_of_prefetch():
+    with pytest.raises(ProgramError, match="x_steps=3 must be a multiple of prefetch=2"):
+        quant_gemm.build(wtype=lowvm.int4, group=128,
+                         **GemmSchedule(prefetch=2, x_steps=3).constants())
 
 
 def test_unfused_split_k_in_the_interpreter():
@@ -259,6 +287,17 @@ def test_gpu_narrow_blocks_match_float64(wtype, m):
         dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), bn=bn, warps_n=bn // 16,
                             split=split, prefetch=prefetch, stages=None)
         for bn, split, prefetch in ((32, 1, 4), (32, 2, 2), (16, 1, 2))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("m", [1, 16, 33])
+def test_gpu_x_steps_match_float64(wtype, m):
+    """x copied 2 or 4 K steps at a time (split 1 and 2, prefetch 1 and 2)."""
+    _check_schedules_on_gpu(wtype, m, 16, lambda qw: [
+        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), split=split,
+                            prefetch=prefetch, x_steps=xs, stages=stages)
+        for split, prefetch, xs, stages in ((1, 1, 4, 2), (2, 2, 4, None), (2, 1, 2, 3))])
 
 
 @pytest.mark.gpu

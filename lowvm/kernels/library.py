@@ -268,9 +268,9 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
             raise LowvmError(f"schedule {s} does not match the weight's format "
                              f"(bk={weight.bk}; bn={WEIGHT_BN} with warps_n={WEIGHT_WARPS_N}, "
                              f"or bn = 16 x warps_n = 16 or 32 without weights_shared)")
-        if (k // s.bk) % (s.split * s.prefetch):
+        if (k // s.bk) % (s.split * s.steps_per_copy):
             raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple "
-                             f"of split x prefetch = {s.split * s.prefetch}")
+                             f"of split x steps per copy = {s.split * s.steps_per_copy}")
         gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
                          group=weight.group, zero_point=zero_point, **s.constants())
         plan = _PLANS[key] = (gemm, _finisher(s, bf16), s.split > 1)

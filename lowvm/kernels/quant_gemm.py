@@ -34,7 +34,7 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   4096 x 28672 (37.9 vs 35.4 us at M = 1; each block loads x and runs its prologue) and
   faster only on 4096 x 14336 at split 2 (24.7 vs 26.2).
 
-Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``n`` of ``bn``, ``group`` a
+Shapes: ``k`` a multiple of ``bk * split * steps_per_copy``, ``n`` of ``bn``, ``group`` a
 multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
 """
 
@@ -79,6 +79,9 @@ class GemmSchedule:
     fused_split: bool = True
     #: occupancy hint (``vm.set_min_blocks``): registers capped for this many blocks/SM
     min_blocks: int = 1
+    #: K steps of x brought into shared memory per copy (and per pair of block-wide
+    #: barriers); 0: ``prefetch`` steps. A multiple of ``prefetch`` (register body only)
+    x_steps: int = 0
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -91,7 +94,14 @@ class GemmSchedule:
             c["fused_split"] = False
         if self.min_blocks > 1:
             c["min_blocks"] = self.min_blocks
+        if self.x_steps:
+            c["x_steps"] = self.x_steps
         return c
+
+    @property
+    def steps_per_copy(self) -> int:
+        """K steps per iteration of the main loop: the block's K steps are a multiple."""
+        return self.x_steps or self.prefetch
 
 
 @dataclass(frozen=True)
@@ -240,9 +250,11 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False, fused_split: bool = True,
-                     min_blocks: int = 1) -> None:
+                     min_blocks: int = 1, x_steps: int = 0) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     if weights_shared:
+        vm.static_assert(x_steps in (0, 1), f"weights_shared copies x one K step at a time; "
+                         f"x_steps={x_steps} must be 0 or 1")
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
                      fused_split, min_blocks)
@@ -250,13 +262,17 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
                warps_n, split, min_blocks)
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
+    xs = x_steps or prefetch
+    vm.static_assert(xs % prefetch == 0, f"x_steps={x_steps} must be a multiple of "
+                     f"prefetch={prefetch}")
     lw, lay = b.lw, b.lw.mma
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
     scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
 
-    # x for `prefetch` K steps at a time; the 128-byte swizzle keeps ldmatrix
-    # conflict-free (rows under 128 bytes stay plain)
-    xk = bk * prefetch
+    # x for `xs` K steps at a time (fewer copies, address computations and barriers per
+    # step); the 128-byte swizzle keeps ldmatrix conflict-free (rows under 128 bytes stay
+    # plain)
+    xk = bk * xs
     swizzled = xk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, xk], swizzle_128b(bm, xk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
@@ -275,22 +291,23 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         return data
 
     # `prefetch` K steps of weights and scales in flight per thread, in round-robin
-    # register buffers: buffer j is used by step j of each group of `prefetch` steps and
-    # then reloaded for the same step of the next group, so a load has `prefetch` steps
-    # of math to hide behind and no register is ever moved
+    # register buffers: step s uses buffer s % prefetch and then reloads it for step
+    # s + prefetch (the same buffer, as xs is a multiple of prefetch), so a load has
+    # `prefetch` steps of math to hide behind and no register is ever moved
     bufs = [step_data(b.k_tile0 + j) for j in range(prefetch)]
-    for it in vm.range(b.k_steps // prefetch, stages=stages):
-        kt0 = b.k_tile0 + it * prefetch
+    for it in vm.range(b.k_steps // xs, stages=stages):
+        kt0 = b.k_tile0 + it * xs
         vm.copy_async(sx, b.gx, [b.row0, kt0 * bk])
         vm.commit_group()
         vm.wait_group(0)
         vm.sync()
-        for j in range(prefetch):
-            packed, scale, *zero = bufs[j]
+        for j in range(xs):
+            buf = bufs[j % prefetch]
+            packed, scale, *zero = buf
             xa = vm.load_shared(sx, lay.a, [0, j * bk], [bm, bk])
             _multiply_step(xa, packed, scale, zero[0] if zero_point else None, acc, lw, wtype,
                            adtype, zero_point)
-            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
+            for dst, src in zip(buf, step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
         vm.sync()
     store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
@@ -393,7 +410,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
-               fused_split: bool = True, min_blocks: int = 1):
+               fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
     (:func:`store_result`).
 
@@ -402,7 +419,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks)
+                     prefetch, weights_shared, fused_split, min_blocks, x_steps)
 
 
 @vm.program
@@ -415,11 +432,11 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False, fused_split: bool = True,
-                    min_blocks: int = 1):
+                    min_blocks: int = 1, x_steps: int = 0):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks)
+                     prefetch, weights_shared, fused_split, min_blocks, x_steps)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:
