@@ -108,7 +108,7 @@ def parse_variant(spec: str, base: GemmSchedule) -> GemmSchedule:
         base, split={"0": base.split, "d": min(8, 2 * base.split)}.get(sp) or int(sp),
         prefetch=depth, stages=st or None, weights_shared=bool(shared), min_blocks=mb,
         bn=width, warps_n=width // 16 if width < 64 else base.warps_n,
-        x_steps=more[1] if len(more) > 1 else 0)
+        x_steps=more[1] if len(more) > 1 else 0, l2_ahead=more[2] if len(more) > 2 else 0)
 
 
 def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
@@ -150,9 +150,10 @@ def main() -> None:
                     "schedule's)")
     ap.add_argument("--variants", default="", help="schedules to time instead of the "
                     "sweeps above, comma separated: 'base' (the chosen one) or split:prefetch:"
-                    "stages:weights_shared:min_blocks[:bn[:x_steps]] (split 0: the chosen "
-                    "one's, d: twice it, <= 8; stages 0: none; bn 16/32: narrow blocks, 0: "
-                    "the chosen one's; x_steps: K steps of x per copy, 0: prefetch's)")
+                    "stages:weights_shared:min_blocks[:bn[:x_steps[:l2_ahead]]] (split 0: the "
+                    "chosen one's, d: twice it, <= 8; stages 0: none; bn 16/32: narrow "
+                    "blocks, 0: the chosen one's; x_steps: K steps of x per copy, 0: "
+                    "prefetch's; l2_ahead: steps prefetched into the L2 beyond the registers)")
     ap.add_argument("--graph", action="store_true", help="time lowvm and cuBLAS inside a "
                     "CUDA graph of back-to-back calls over >= 256 MB of weight copies "
                     "(graph_us) instead of one launch after an L2 flush")
@@ -206,6 +207,7 @@ def main() -> None:
                                      prefetch=s.prefetch, stages=s.stages,
                                      weights_shared=s.weights_shared,
                                      min_blocks=s.min_blocks, bn=s.bn, x_steps=s.x_steps,
+                                     l2_ahead=s.l2_ahead,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,

@@ -139,6 +139,36 @@ def test_inbounds_loads_skip_the_test_in_cuda_and_are_checked_by_the_interpreter
     assert any("?" in line for line in plain.splitlines() if "x[" in line)
 
 
+@vm.program(warps=2)
+def prefetched(n: vm.int32, rows: vm.int32, x: vm.ptr[vm.uint8], y: vm.ptr[vm.uint8]):
+    """y = x, with the next rows of x asked into the L2 first (past the end: skipped)."""
+    vm.set_grid(1)
+    gx = vm.global_view(x, [rows, 16])
+    vm.prefetch_l2(gx, [n, 0], [256, 16])  # whole rows: one run of 4 KB
+    vm.prefetch_l2(vm.global_view(x, [rows * 16]), [n * 16 + 8], [100])  # unaligned part
+    t = vm.load_global(gx, [0, 0], [64, 16], vm.spatial(64, 1).local(1, 16))
+    vm.store_global(vm.global_view(y, [64, 16]), t)
+
+
+def test_prefetch_l2_changes_nothing_and_asks_each_sector_once():
+    from lowvm.codegen import generate_cuda
+
+    x = np.arange(64 * 16, dtype=np.uint8)
+    y = np.zeros_like(x)
+    lowvm.interpret(prefetched, 32, 64, x, y)  # the prefetched rows run past the end
+    np.testing.assert_array_equal(y, x)
+    src = generate_cuda(prefetched.build()).source
+    assert src.count('asm volatile("prefetch.global.L2 [%0];"') == 2
+    # 4 KB of whole 16-byte rows: 128 sectors of 32 bytes, not one per row (256)
+    assert "for (int e = tid; e < 128; e += 64)" in src
+    assert "for (int e = tid; e < 4; e += 64)" in src  # 100 bytes: 4 sectors
+    with pytest.raises(lowvm.ProgramError, match="prefetch_l2: shape \\[4\\] has rank 1"):
+        @vm.program(warps=1)
+        def wrong_rank(x: vm.ptr[vm.uint8]):
+            vm.prefetch_l2(vm.global_view(x, [4, 4]), [0, 0], [4])
+        wrong_rank.build()
+
+
 # ---------------------------------------------------------------------------------------
 # register_tensor, thread_index, let
 

@@ -32,10 +32,13 @@ TYPES = ["int4", "uint4", "int3", "int2", "int8", "uint6", "float4_e2m1", "float
          "float8_e4m3"]
 
 
-def _reference(x, codes, scales, wtype, group):
+def _reference(x, codes, scales, wtype, group, zeros=None):
+    """float64 ``x @ ((q - zeros) * scales)^T`` (no zeros: ``q * scales``)."""
     wt = lowvm.dtype(wtype)
-    w = decode(codes, wt).astype(np.float64) * np.repeat(scales.T.astype(np.float64), group, 1)
-    return x.astype(np.float64) @ w.T
+    w = decode(codes, wt).astype(np.float64)
+    if zeros is not None:
+        w = w - np.repeat(zeros.T.astype(np.float64), group, 1)
+    return x.astype(np.float64) @ (w * np.repeat(scales.T.astype(np.float64), group, 1)).T
 
 
 def _rel(out, ref):
@@ -92,6 +95,33 @@ def test_x_steps_in_the_interpreter(wtype, split, m, prefetch, x_steps, stages):
                     m, n, k, x, packed, scales, scales, y, ws, counters)
     assert not ws.any() and not counters.any()
     assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+
+
+@pytest.mark.parametrize("wtype,split,m,prefetch,l2_ahead,bn,zero_point", [
+    ("int4", 1, 3, 1, 2, 64, False), ("uint4", 2, 1, 2, 1, 64, True),
+    ("int3", 1, 17, 1, 4, 32, False), ("uint8", 2, 2, 1, 3, 16, True)])
+def test_l2_ahead_in_the_interpreter(wtype, split, m, prefetch, l2_ahead, bn, zero_point):
+    """Weights, scales and zeros asked into the L2 ahead of the loads: same sums (the
+    prefetches past the block's K range are clamped to its last step)."""
+    rng = np.random.default_rng(17)
+    n, k, g = 128, 1024, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    wt = lowvm.dtype(wtype)
+    zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
+             else scales)
+    packed = repack_weights(codes, wtype, GemmSchedule())
+    sched = GemmSchedule(bn=bn, warps_n=min(4, bn // 16), split=split, prefetch=prefetch,
+                         l2_ahead=l2_ahead)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    counters = np.zeros(-(-m // 16) * (n // bn), np.int32)
+    lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
+                                     **sched.constants()),
+                    m, n, k, x, packed, scales, zeros, y, ws, counters)
+    assert not ws.any() and not counters.any()
+    ref = _reference(x, codes, scales, wtype, g, zeros if zero_point else None)
+    assert _rel(y, ref) < 2e-3
 
 
 def test_x_steps_must_be_a_multiple_of_prefetch():
@@ -162,11 +192,7 @@ def test_staged_weights_in_the_interpreter(wtype, split, m, stages, zero_point):
     program = quant_gemm.build(wtype=wt, group=g, zero_point=zero_point, **sched.constants())
     lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws, _counters(m, n))
     assert not ws.any()
-    w = decode(codes, wt).astype(np.float64)
-    if zero_point:
-        w = w - np.repeat(zeros.T.astype(np.float64), g, 1)
-    ref = x.astype(np.float64) @ (w * np.repeat(scales.T.astype(np.float64), g, 1)).T
-    assert _rel(y, ref) < 2e-3
+    assert _rel(y, _reference(x, codes, scales, wtype, g, zeros if zero_point else None)) < 2e-3
 
 
 def test_zero_points_and_bfloat16_in_the_interpreter():
@@ -293,11 +319,15 @@ def test_gpu_narrow_blocks_match_float64(wtype, m):
 @pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("m", [1, 16, 33])
 def test_gpu_x_steps_match_float64(wtype, m):
-    """x copied 2 or 4 K steps at a time (split 1 and 2, prefetch 1 and 2)."""
+    """x copied 2 or 4 K steps at a time (split 1 and 2, prefetch 1 and 2), and weights
+    asked into the L2 ahead (l2_ahead), wide and narrow blocks."""
     _check_schedules_on_gpu(wtype, m, 16, lambda qw: [
         dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), split=split,
-                            prefetch=prefetch, x_steps=xs, stages=stages)
-        for split, prefetch, xs, stages in ((1, 1, 4, 2), (2, 2, 4, None), (2, 1, 2, 3))])
+                            prefetch=prefetch, x_steps=xs, stages=stages, l2_ahead=ahead,
+                            bn=bn, warps_n=bn // 16)
+        for split, prefetch, xs, stages, ahead, bn in (
+            (1, 1, 4, 2, 0, 64), (2, 2, 4, None, 0, 64), (2, 1, 2, 3, 0, 64),
+            (1, 2, 0, None, 2, 64), (2, 1, 0, 4, 4, 64), (1, 1, 0, None, 3, 32))])
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowvm.expr import Expr
+from lowvm.expr import Expr, const_value
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
 
@@ -32,6 +32,7 @@ __all__ = [
     "LoadShared",
     "StoreShared",
     "CopyAsync",
+    "PrefetchL2",
     "CommitGroup",
     "WaitGroup",
 ]
@@ -297,6 +298,65 @@ class StoreShared(Instruction):
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")
         _emit_shared_access(cg, self.dst, self.offsets, self.src, load=False)
+
+
+#: bytes per ``prefetch.global.L2``: one 32-byte sector, the L2's unit of DRAM traffic,
+#: so the hint covers every byte whatever line the hardware fetches around it
+PREFETCH_BYTES = 32
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PrefetchL2(Instruction):
+    """Ask the L2 to fetch the global tile of ``shape`` at ``offsets`` from DRAM now.
+
+    A hint with no effect on any value: loads that read the tile later find it in L2
+    instead of waiting for DRAM, so a loop can keep more bytes in flight than its
+    registers or shared memory hold. Parts outside the tensor are skipped. The block's
+    threads share the work, one ``prefetch.global.L2`` per 32-byte sector of each row.
+    """
+
+    mnemonic = "prefetch_l2"
+    src: GlobalTensor
+    offsets: tuple[Expr, ...]
+    shape: tuple[int, ...]
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.src.rank, "global tensor")
+        if len(self.shape) != self.src.rank:
+            raise self.error(f"shape {list(self.shape)} has rank {len(self.shape)} but the "
+                             f"global tensor %{self.src.name} has rank {self.src.rank}")
+
+    def interpret(self, st: BlockState) -> None:
+        for o in self.offsets:  # a hint: nothing to do but evaluate its operands
+            st.eval(o)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        per = max(1, PREFETCH_BYTES * 8 // self.src.dtype.nbits)  # elements per sector
+        shape = self.shape
+        # rows that continue each other in memory (whole rows of a dense tensor) form one
+        # run, so a sector is never asked for twice
+        layout, width = self.src.layout, shape[-1]
+        merged = (len(shape) >= 2 and const_value(layout.shape[-1]) == width
+                  and const_value(layout.strides[-1]) == 1
+                  and const_value(layout.strides[-2]) == width)
+        outer = shape[:-2] if merged else shape[:-1]
+        run = shape[-2] * width if merged else width
+        sectors = -(-run // per)
+        total = int(np.prod(outer)) * sectors
+        threads = cg.program.num_threads
+        with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
+            cg.line(f"const int f = (e % {sectors}) * {per};")
+            index = [f"f / {width}", f"f % {width}"] if merged else ["f"]
+            rest = f"(e / {sectors})"
+            for d in reversed(range(len(outer))):
+                cg.line(f"const int j{d} = {rest} % {outer[d]};")
+                index.insert(0, f"j{d}")
+                rest = f"({rest} / {outer[d]})"
+            ref, inside = global_ref(cg, self.src, self.offsets, index)
+            cg.line(f'if ({inside}) asm volatile("prefetch.global.L2 [%0];" :: '
+                    f'"l"(&{ref}));')
 
 
 @register_instruction

@@ -82,6 +82,10 @@ class GemmSchedule:
     #: K steps of x brought into shared memory per copy (and per pair of block-wide
     #: barriers); 0: ``prefetch`` steps. A multiple of ``prefetch`` (register body only)
     x_steps: int = 0
+    #: weights and scales of the step this many steps beyond the register buffers are
+    #: asked into the L2 (``vm.prefetch_l2``) each step: more bytes in flight per SM
+    #: without registers (register body only)
+    l2_ahead: int = 0
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -96,6 +100,8 @@ class GemmSchedule:
             c["min_blocks"] = self.min_blocks
         if self.x_steps:
             c["x_steps"] = self.x_steps
+        if self.l2_ahead:
+            c["l2_ahead"] = self.l2_ahead
         return c
 
     @property
@@ -212,10 +218,23 @@ class _Block:
         if self.parts == 1:
             return vm.load_global(self.gw, [self.weight_row(kt), 0],
                                   [lw.tile_rows, lw.chunk], lw.packed, inbounds=True)
+        offsets, shape = self._narrow_tile(kt)
+        return vm.load_global(self.gw, offsets, shape, lw.packed_3d, inbounds=True)
+
+    def prefetch_weights(self, kt: Any) -> None:
+        """Ask the L2 for the bytes :meth:`load_weights` will read at K step ``kt``."""
+        lw = self.lw
+        if self.parts == 1:
+            vm.prefetch_l2(self.gw, [self.weight_row(kt), 0], [lw.tile_rows, lw.chunk])
+        else:
+            vm.prefetch_l2(self.gw, *self._narrow_tile(kt))
+
+    def _narrow_tile(self, kt: Any) -> tuple[list, list[int]]:
+        """(offsets, shape) of a narrow block's rows of K step ``kt`` in the 3-D view."""
+        lw = self.lw
         nt, part = vm.block_index(0) // self.parts, vm.block_index(0) % self.parts
         group0 = (kt * (self.n_tiles // self.parts) + nt) * lw.vectors
-        return vm.load_global(self.gw, [group0, part * lw.rows, 0],
-                              [lw.vectors, lw.rows, lw.chunk], lw.packed_3d, inbounds=True)
+        return [group0, part * lw.rows, 0], [lw.vectors, lw.rows, lw.chunk]
 
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
@@ -250,11 +269,12 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False, fused_split: bool = True,
-                     min_blocks: int = 1, x_steps: int = 0) -> None:
+                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     if weights_shared:
-        vm.static_assert(x_steps in (0, 1), f"weights_shared copies x one K step at a time; "
-                         f"x_steps={x_steps} must be 0 or 1")
+        vm.static_assert(x_steps in (0, 1) and not l2_ahead, f"weights_shared copies x one K "
+                         f"step at a time and stages the weights itself; x_steps={x_steps} "
+                         f"must be 0 or 1 and l2_ahead={l2_ahead} 0")
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
                      fused_split, min_blocks)
@@ -278,6 +298,14 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     last = b.k_tile0 + b.k_steps - 1
 
+    def ask_l2(kt):
+        """Prefetch K step kt's weights, scales (and zeros) into the L2 (clamped like
+        step_data)."""
+        kt = minimum(kt, last)
+        b.prefetch_weights(kt)
+        for t in (b.gs, b.gz) if zero_point else (b.gs,):
+            vm.prefetch_l2(t, [kt * bk // group, b.col0], [1, bn])
+
     def step_data(kt):
         """Packed weights, scales (and zeros) of K step kt, clamped to this block's range
         (so every load is inside its tensor: ``inbounds``, which the interpreter checks,
@@ -295,6 +323,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     # s + prefetch (the same buffer, as xs is a multiple of prefetch), so a load has
     # `prefetch` steps of math to hide behind and no register is ever moved
     bufs = [step_data(b.k_tile0 + j) for j in range(prefetch)]
+    for j in range(l2_ahead):  # the L2 runs `l2_ahead` steps beyond the registers
+        ask_l2(b.k_tile0 + prefetch + j)
     for it in vm.range(b.k_steps // xs, stages=stages):
         kt0 = b.k_tile0 + it * xs
         vm.copy_async(sx, b.gx, [b.row0, kt0 * bk])
@@ -309,6 +339,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                            adtype, zero_point)
             for dst, src in zip(buf, step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
+            if l2_ahead:
+                ask_l2(kt0 + j + prefetch + l2_ahead)
         vm.sync()
     store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     vm.free_shared(sx)
@@ -410,7 +442,8 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
-               fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0):
+               fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0,
+               l2_ahead: int = 0):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
     (:func:`store_result`).
 
@@ -419,7 +452,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks, x_steps)
+                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead)
 
 
 @vm.program
@@ -432,11 +465,11 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False, fused_split: bool = True,
-                    min_blocks: int = 1, x_steps: int = 0):
+                    min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks, x_steps)
+                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:

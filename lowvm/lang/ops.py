@@ -28,6 +28,7 @@ from lowvm.instructions import (
     LoadGlobal,
     LoadShared,
     Permute,
+    PrefetchL2,
     Reduce,
     RegisterInit,
     StoreGlobal,
@@ -66,7 +67,7 @@ __all__ = [
     "set_grid", "set_warps", "set_min_blocks", "block_index", "grid_dim", "thread_index", "cdiv",
     "global_view", "load_global", "store_global", "atomic_add", "arrive",
     "shared_tensor", "free_shared", "load_shared", "store_shared",
-    "copy_async", "commit_group", "wait_group",
+    "copy_async", "commit_group", "wait_group", "prefetch_l2",
     "register_tensor", "view", "cast", "permute", "transpose", "assign",
     "add", "sub", "mul", "div", "mod", "maximum", "minimum", "neg", "abs", "exp", "sqrt",
     "where", "fma", "lt", "le", "gt", "ge", "eq", "ne",
@@ -332,6 +333,21 @@ def copy_async(dst: SharedTensor, src: GlobalTensor,
         dst_offsets=None if dst_offsets is None else _offsets(dst_offsets, dst.rank,
                                                               "copy_async dst_offsets"),
         loc=_loc()))
+
+
+def prefetch_l2(src: GlobalTensor, offsets: Sequence[ExprLike] | None,
+                shape: Sequence[int]) -> None:
+    """Start fetching the global tile of ``shape`` at ``offsets`` from DRAM into the L2.
+
+    A hint that changes no value: a later load of the tile waits for the L2, not for
+    DRAM. Streaming loops use it to keep more bytes in flight than their registers or
+    shared memory can hold. Parts outside ``src`` are skipped.
+    """
+    if not isinstance(src, GlobalTensor):
+        raise _fail(f"prefetch_l2: src must be a global tensor, got {type(src).__name__}")
+    tile = _static_shape(shape, "prefetch_l2")
+    current().emit(PrefetchL2(src=src, offsets=_offsets(offsets, src.rank, "prefetch_l2"),
+                              shape=tile, loc=_loc()))
 
 
 def commit_group() -> None:
