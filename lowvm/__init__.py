@@ -26,6 +26,10 @@ def __getattr__(name: str) -> object:
         import lowvm.nn
 
         return getattr(lowvm.nn, name)
+    if name == "overlapped_launches":
+        from lowvm.kernels.library import overlapped_launches
+
+        return overlapped_launches
     raise AttributeError(f"module 'lowvm' has no attribute {name!r}")
 
 __all__ = [

@@ -56,13 +56,22 @@ class CompiledProgram:
         """The launch grid for these runtime arguments."""
         return self._grid(*[args[i] for i in self._scalar_index])
 
-    def __call__(self, *args: Any, stream: Any = None) -> None:
-        """Launch on torch's current stream (or ``stream``) with these arguments."""
+    def __call__(self, *args: Any, stream: Any = None, overlap: bool = False) -> None:
+        """Launch on torch's current stream (or ``stream``) with these arguments.
+
+        ``overlap=True``: start while the stream's previous kernel is still finishing
+        (sm_90+, programmatic dependent launch); only for programs that wait for it
+        themselves (``vm.wait_prior_grid``), else a ProgramError.
+        """
         if len(args) != len(self.program.params):
             names = ", ".join(str(p) for p in self.program.params)
             raise ProgramError(f"{self.program.name} takes {len(self.program.params)} "
                                f"arguments ({names}), got {len(args)}")
-        self.kernel.launch(self.grid(args), args, stream=stream)
+        if overlap and not self.cuda.waits_prior_grid:
+            raise ProgramError(f"{self.program.name}: overlap=True needs a program that "
+                               "calls vm.wait_prior_grid() before it reads what earlier "
+                               "kernels wrote; this one does not")
+        self.kernel.launch(self.grid(args), args, stream=stream, overlap=overlap)
 
 
 def compile(program: Any, arch: str | None = None, compiler: str = "auto",  # noqa: A001

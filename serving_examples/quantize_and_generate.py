@@ -109,6 +109,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="fuse q/k/v and gate/up of the quantized models (lowvm.fuse_projections)"
                         " before measuring them (default); --no-fuse: one GEMM per projection")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
+                   help="loop mode: capture lowvm's GEMMs as overlapped launches "
+                        "(lowvm.overlapped_launches: each starts loading weights while the "
+                        "kernel before it finishes; sm_90+)")
     p.add_argument("--no-fp16-speed", action="store_true",
                    help="do not time the float16 model (its memory is still reported)")
     p.add_argument("--fullgraph", action="store_true", help="compile with fullgraph=True")
@@ -380,7 +384,8 @@ class DecodeLoop:
     warmup_steps = 3  # side-stream runs before capture (lazy loads, autotuning, compile)
 
     def __init__(self, model: Any, ids: torch.Tensor, tokens: int,
-                 compile_mode: str | None = None, backend: str = "inductor") -> None:
+                 compile_mode: str | None = None, backend: str = "inductor",
+                 overlap: bool = False) -> None:
         from transformers import StaticCache
 
         batch, prompt_len = ids.shape
@@ -404,6 +409,7 @@ class DecodeLoop:
                 mode=compile_mode if backend == "inductor" else None)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.build_s: float | None = None  # capture(): warm-up (compilation) + capture
+        self.overlap = overlap  # capture lowvm's GEMMs as overlapped launches
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy token of each row of ``logits`` [batch, vocab], as [batch, 1]."""
@@ -457,7 +463,7 @@ class DecodeLoop:
                     self._decode(1)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph), lowvm.overlapped_launches(self.overlap):
                 self._step()
             self.graph = graph
         torch.cuda.synchronize()
@@ -510,7 +516,7 @@ def measure(model: Any, ids: torch.Tensor, mode: str, tokens: int, args: argpars
     before = _compile_counters()
     if mode == "loop":
         loop = DecodeLoop(model, ids, tokens, loop_compile_mode(args, device),
-                          args.compile_backend)
+                          args.compile_backend, overlap=args.overlap)
         model.__dict__[LOOP_ATTR] = loop  # release() frees its graph pool
         capture = device == "cuda" and not args.no_loop_capture
 
@@ -596,6 +602,7 @@ class Run:
             "dtypes": args.dtypes, "group_size": args.group_size, "skip": list(args.skip_globs),
             "new_tokens": args.new_tokens, "eager_new_tokens": eager_tokens(args),
             "prompt_len": args.prompt_len, "repeats": args.repeats, "fuse": args.fuse,
+            "overlap": args.overlap,
             "compile": {"backend": args.compile_backend, "fullgraph": args.fullgraph,
                         "dynamic": False, "mode": "reduce-overhead"
                         if args.compile_backend == "inductor" else None,

@@ -81,3 +81,39 @@ def test_min_blocks_hint_reaches_launch_bounds_and_is_checked():
     with pytest.raises(LowvmError, match=r"set_min_blocks: n must be an integer in \[1, 32\], "
                        r"got 0"):
         hinted.build(n_blocks=0)
+
+
+@vm.program(warps=1)
+def waits(x: vm.ptr[vm.float32], y: vm.ptr[vm.float32], wait: bool = True):
+    """y = x, waiting for the prior grid first (or not)."""
+    vm.set_grid(1)
+    if wait:
+        vm.wait_prior_grid()
+    t = vm.load_global(vm.global_view(x, [32]), [0], [32], vm.spatial(32))
+    vm.store_global(vm.global_view(y, [32]), t)
+
+
+def test_wait_prior_grid_is_griddepcontrol_from_sm90_and_gates_overlapped_launches():
+    import numpy as np
+
+    import lowvm
+
+    src = generate_cuda(waits.build())
+    assert src.waits_prior_grid and not generate_cuda(waits.build(wait=False)).waits_prior_grid
+    guard = src.source.index("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900")
+    assert src.source.index('asm volatile("griddepcontrol.wait;" ::: "memory");') > guard
+    x, y = np.arange(32, dtype=np.float32), np.zeros(32, np.float32)
+    lowvm.interpret(waits.build(), x, y)  # nothing to wait for on the CPU
+    np.testing.assert_array_equal(x, y)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_overlap_needs_a_program_that_waits(arch):
+    import lowvm
+
+    compiled = lowvm.compile(waits.build(wait=False), arch=arch)
+    with pytest.raises(LowvmError, match="overlap=True needs a program that calls "
+                                         r"vm.wait_prior_grid\(\)"):
+        compiled(None, None, overlap=True)  # refused before any argument is looked at
+    assert lowvm.compile(waits.build(), arch=arch).cuda.waits_prior_grid

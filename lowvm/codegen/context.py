@@ -58,6 +58,7 @@ class CudaContext:
         self.shared_offsets: dict[SharedTensor, int] = {}
         self.scratch_offset = 0
         self.scratch_bytes = 0
+        self.waits_prior_grid = False  # a wait_prior_grid was emitted
         self.counter = 0
 
     # text ---------------------------------------------------------------------------

@@ -39,6 +39,9 @@ class CudaSource:
     source: str
     num_threads: int
     shared_bytes: int
+    #: the kernel waits for the prior grid itself (``vm.wait_prior_grid``), so it may be
+    #: launched to overlap that grid
+    waits_prior_grid: bool = False
 
 
 def _emit(stmt: Stmt, cg: CudaContext) -> None:
@@ -110,4 +113,4 @@ def generate_cuda(program: Program) -> CudaSource:
     ]
     decls = ["  " + d for d in cg.declared]
     source = "\n".join([PRELUDE.strip(), "", *header, *decls, *cg.lines, "}", ""])
-    return CudaSource(name, source, program.num_threads, shared_bytes)
+    return CudaSource(name, source, program.num_threads, shared_bytes, cg.waits_prior_grid)

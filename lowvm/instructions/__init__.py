@@ -2,7 +2,7 @@
 
 from lowvm.instructions.atomic import ATOMIC_TYPES, Arrive, AtomicAdd
 from lowvm.instructions.base import INSTRUCTIONS, Instruction
-from lowvm.instructions.control import Sync
+from lowvm.instructions.control import Sync, WaitPriorGrid
 from lowvm.instructions.data import Assign, Cast, Permute, RegisterInit, ThreadIndex, View
 from lowvm.instructions.dot import DOT_TYPES, Dot
 from lowvm.instructions.elementwise import COMPARISONS, OPS, Elementwise
@@ -28,6 +28,7 @@ __all__ = [
     "INSTRUCTIONS",
     "Instruction",
     "Sync",
+    "WaitPriorGrid",
     "Assign",
     "Cast",
     "Permute",

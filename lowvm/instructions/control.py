@@ -1,4 +1,4 @@
-"""Control instructions: the block barrier.
+"""Control instructions: the block barrier, the wait for the grid launched before.
 
 (Block indices are the scalar variables ``blockIdx.x/y/z``; thread indices come from
 ``thread_index`` in :mod:`lowvm.instructions.data`; ``static_assert`` is checked when
@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
-__all__ = ["Sync"]
+__all__ = ["Sync", "WaitPriorGrid"]
 
 
 @register_instruction
@@ -31,3 +31,30 @@ class Sync(Instruction):
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line("__syncthreads();  // sync")
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class WaitPriorGrid(Instruction):
+    """Wait until the grid launched before this one on the stream has finished and its
+    writes are visible.
+
+    What comes before it may not read anything that grid writes, nor write anything it
+    reads. In exchange, a launch that allows overlap (``CompiledProgram(...,
+    overlap=True)``, sm_90 and newer: programmatic dependent launch) starts while that
+    grid is still finishing, so the work before the wait (loads of weights no kernel
+    writes, address set-up) hides the launch and the first DRAM round trip. Without such
+    a launch, and before sm_90, it returns at once. The interpreter runs grids in order:
+    nothing to wait for.
+    """
+
+    mnemonic = "wait_prior_grid"
+
+    def interpret(self, st: BlockState) -> None:
+        pass
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.waits_prior_grid = True
+        cg.line("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900")
+        cg.line('asm volatile("griddepcontrol.wait;" ::: "memory");  // wait_prior_grid')
+        cg.line("#endif")

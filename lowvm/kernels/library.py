@@ -9,8 +9,10 @@ prefill schedules share one copy of the weights.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from lowvm.kernels.quant_gemm import (
 )
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
+           "overlapped_launches",
            "tuned_schedule",
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
@@ -333,7 +336,8 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
         ws, counters = _split_buffers(x.device, m * n, -(-m // 16) * (n // 16))
     else:
         ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
-    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
+    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters,
+         overlap=_OVERLAP[0] and gemm.cuda.waits_prior_grid)
     if finish is not None:
         finish(m * n, ws, y)
     return y
@@ -396,6 +400,30 @@ def _stream_and_capture(device: Any) -> tuple[int, int]:
                    "captured on one stream share split-K buffers, so replay them only "
                    "after their first replay in capture order")
         return stream, -1
+
+
+#: set by :func:`overlapped_launches`
+_OVERLAP = [False]
+
+
+@contextlib.contextmanager
+def overlapped_launches(enabled: bool = True) -> Iterator[None]:
+    """GEMMs launched inside start while the kernel before them is still finishing.
+
+    Programmatic dependent launch (sm_90 and newer; nothing changes before): a GEMM
+    loads its first weights, then waits for the previous kernel (``vm.wait_prior_grid``)
+    before it reads x or writes anything, so its launch and first DRAM round trip hide
+    behind that kernel's tail. The promise this asks for: no kernel launched right before
+    a GEMM writes that GEMM's weights, scales or zeros (true of a model's forward; not of
+    a repack or ``load_state_dict`` followed at once by a forward, which must run outside).
+    For capturing decode steps in CUDA graphs, where small kernels' launch gaps add up.
+    """
+    before = _OVERLAP[0]
+    _OVERLAP[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _OVERLAP[0] = before
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:

@@ -325,6 +325,10 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     bufs = [step_data(b.k_tile0 + j) for j in range(prefetch)]
     for j in range(l2_ahead):  # the L2 runs `l2_ahead` steps beyond the registers
         ask_l2(b.k_tile0 + prefetch + j)
+    # weights, scales and zeros are not written by the kernel launched just before (the
+    # promise of an overlapped launch, ``library.overlapped_launches``): the loads above
+    # may overlap it; x, y and the split-K buffers wait for it
+    vm.wait_prior_grid()
     for it in vm.range(b.k_steps // xs, stages=stages):
         kt0 = b.k_tile0 + it * xs
         vm.copy_async(sx, b.gx, [b.row0, kt0 * bk])
@@ -404,6 +408,7 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
     vm.static_assert(b.parts == 1, f"weights_shared stages whole format tiles: bn={bn} must "
                      f"be {FORMAT_BN}")
     lw, lay = b.lw, b.lw.mma
+    vm.wait_prior_grid()  # every copy below may read what the kernel before wrote
     swizzled = bk * adtype.nbits // 8 >= 128
     sx = vm.shared_tensor(adtype, [bm, bk], swizzle_128b(bm, bk, adtype) if swizzled else None)
     sw = vm.shared_tensor(vm.uint8, [lw.tile_rows, lw.chunk])

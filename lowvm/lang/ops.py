@@ -37,6 +37,7 @@ from lowvm.instructions import (
     ThreadIndex,
     View,
     WaitGroup,
+    WaitPriorGrid,
 )
 from lowvm.instructions.dot import DOT_TYPES
 from lowvm.instructions.elementwise import COMPARISONS, OPS
@@ -71,7 +72,7 @@ __all__ = [
     "register_tensor", "view", "cast", "permute", "transpose", "assign",
     "add", "sub", "mul", "div", "mod", "maximum", "minimum", "neg", "abs", "exp", "sqrt",
     "where", "fma", "lt", "le", "gt", "ge", "eq", "ne",
-    "reduce", "sum", "max", "min", "dot", "sync", "static_assert",
+    "reduce", "sum", "max", "min", "dot", "sync", "wait_prior_grid", "static_assert",
     "range", "if_", "else_", "let",
 ]  # fmt: skip
 
@@ -577,6 +578,17 @@ def dot(a: RegisterTensor, b: RegisterTensor, c: RegisterTensor,
 def sync() -> None:
     """Block-wide barrier."""
     current().emit(Sync(loc=_loc()))
+
+
+def wait_prior_grid() -> None:
+    """Wait for the grid launched before this one on the stream (its writes visible).
+
+    Put it before the first read of anything an earlier kernel writes (activations) and
+    the first write of anything it may read; work before it (loads of weights, address
+    set-up) then overlaps that kernel's tail when the launch allows overlap (sm_90+,
+    ``overlap=True``). A no-op otherwise and in the interpreter.
+    """
+    current().emit(WaitPriorGrid(loc=_loc()))
 
 
 def static_assert(cond: object, message: str = "") -> None:

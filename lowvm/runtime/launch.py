@@ -47,6 +47,20 @@ _PARAM_SIZE = {"pointer": 8, "scalar": 4}
 _host_fns: list[Any] = [None, None]
 
 
+_OVERLAPS: dict[int, bool] = {}
+
+
+def _overlaps(device: int) -> bool:
+    """Whether ``device`` runs programmatic dependent launches (compute capability 9+)."""
+    have = _OVERLAPS.get(device)
+    if have is None:
+        attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+        handle = _drv.check(cu.cuDeviceGet(device), f"cuDeviceGet({device})")
+        major = _drv.check(cu.cuDeviceGetAttribute(attr, handle), "cuDeviceGetAttribute")
+        have = _OVERLAPS[device] = int(major) >= 9
+    return have
+
+
 class Kernel:
     """One ``__global__`` function of a cubin, with its launch shape and parameters.
 
@@ -249,11 +263,16 @@ class Kernel:
 
     # -- launching -------------------------------------------------------------------------
 
-    def launch(self, grid: tuple[int, int, int], args: Sequence[Any], stream: Any = None) -> None:
+    def launch(self, grid: tuple[int, int, int], args: Sequence[Any], stream: Any = None,
+               overlap: bool = False) -> None:
         """Launch on ``grid`` blocks with ``args``, on ``stream`` or torch's current stream.
 
         Checks the grid and every argument first (LaunchError names the bad one); a grid
         with a 0 launches nothing. Asynchronous, allocation-free and graph-capturable.
+        ``overlap`` (sm_90 and newer; ignored before): a programmatic dependent launch,
+        which may start while the previous kernel on the stream is still running. Only
+        for kernels that wait for it themselves (``vm.wait_prior_grid``) before reading
+        its results or writing anything it reads.
         """
         if type(grid) is tuple and len(grid) == 3:  # inlined fast path of _check_grid
             gx, gy, gz = grid
@@ -286,9 +305,12 @@ class Kernel:
         else:
             handle = _drv.stream_handle(stream)
         params = self._param_block(values)
-        (err,) = cu.cuLaunchKernel(
-            fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
-        )
+        if overlap and _overlaps(device):
+            err = self._launch_overlapped(fn, (gx, gy, gz), handle, params)
+        else:
+            (err,) = cu.cuLaunchKernel(
+                fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
+            )
         if err:
             if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
                 _drv.ensure_context(device)
@@ -303,6 +325,22 @@ class Kernel:
                 )
 
     __call__ = launch
+
+    def _launch_overlapped(self, fn: Any, grid: tuple[int, int, int], stream: Any,
+                           params: int) -> Any:
+        """``cuLaunchKernelEx`` with programmatic stream serialization allowed."""
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = grid
+        config.blockDimX, config.blockDimY, config.blockDimZ = self._block, 1, 1
+        config.sharedMemBytes = self._smem
+        config.hStream = stream if isinstance(stream, cu.CUstream) else cu.CUstream(stream)
+        config.attrs = [attr]
+        config.numAttrs = 1
+        (err,) = cu.cuLaunchKernelEx(config, fn, params, 0)
+        return err
 
     def _param_block(self, values: tuple[Any, ...]) -> int:
         """The address of a ``void**`` holding ``values``, in this thread's own block.
