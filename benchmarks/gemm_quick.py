@@ -24,6 +24,7 @@ from lowvm.dtypes import dtype as as_dtype
 from lowvm.kernels.library import (
     choose_prefill_schedule,
     choose_schedule,
+    overlapped_launches,
     prefill_quant_linear,
     prepare_weight,
     quant_linear,
@@ -157,6 +158,8 @@ def main() -> None:
     ap.add_argument("--graph", action="store_true", help="time lowvm and cuBLAS inside a "
                     "CUDA graph of back-to-back calls over >= 256 MB of weight copies "
                     "(graph_us) instead of one launch after an L2 flush")
+    ap.add_argument("--overlap", action="store_true", help="with --graph: capture lowvm's "
+                    "GEMMs as overlapped launches (lowvm.overlapped_launches)")
     ap.add_argument("--prefill-kernel", default="quant_gemm",
                     choices=["quant_gemm", "quant_gemm_prefill"],
                     help="quant_gemm_prefill: also time it for M > 64")
@@ -193,8 +196,9 @@ def main() -> None:
                     y = quant_linear(x, qw, s)
                     err = float((y.float() - ref).norm() / ref.norm())
                     if args.graph:
-                        us = graph_us([lambda s=s, x=x, c=c: quant_linear(x, c, s)
-                                       for c in copies])
+                        with overlapped_launches(args.overlap):
+                            us = graph_us([lambda s=s, x=x, c=c: quant_linear(x, c, s)
+                                           for c in copies])
                     else:
                         us = timed(lambda s=s, x=x, qw=qw: quant_linear(x, qw, s), flush)
                     torch.cuda.synchronize()
@@ -209,6 +213,7 @@ def main() -> None:
                                      min_blocks=s.min_blocks, bn=s.bn, x_steps=s.x_steps,
                                      l2_ahead=s.l2_ahead,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
+                                     overlap=args.overlap,
                                      host_us=host_us,
                                      gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                                      floor_us=wbytes / 3.04e6))
