@@ -102,6 +102,13 @@ def parse_variant(spec: str, base: GemmSchedule) -> GemmSchedule:
     """One ``--variants`` item (see its help) as a schedule."""
     if spec == "base":
         return base
+    if "=" in spec:  # field=value/field=value...: any GemmSchedule fields (stages 0: none)
+        fields = {}
+        for item in spec.split("/"):
+            key, value = item.split("=")
+            fields[key] = bool(int(value)) if key in ("weights_shared", "fused_split") else (
+                int(value) or None if key == "stages" else int(value))
+        return dataclasses.replace(base, **fields)
     sp, *rest = spec.split(":")
     depth, st, shared, mb, *more = (int(v) for v in rest)
     width = more[0] if more and more[0] else base.bn
@@ -154,7 +161,9 @@ def main() -> None:
                     "stages:weights_shared:min_blocks[:bn[:x_steps[:l2_ahead]]] (split 0: the "
                     "chosen one's, d: twice it, <= 8; stages 0: none; bn 16/32: narrow "
                     "blocks, 0: the chosen one's; x_steps: K steps of x per copy, 0: "
-                    "prefetch's; l2_ahead: steps prefetched into the L2 beyond the registers)")
+                    "prefetch's; l2_ahead: steps prefetched into the L2 beyond the registers), "
+                    "or field=value/field=value/... of GemmSchedule (e.g. bm=64/warps_m=1/"
+                    "k_slice=16)")
     ap.add_argument("--graph", action="store_true", help="time lowvm and cuBLAS inside a "
                     "CUDA graph of back-to-back calls over >= 256 MB of weight copies "
                     "(graph_us) instead of one launch after an L2 flush")
@@ -211,7 +220,8 @@ def main() -> None:
                                      prefetch=s.prefetch, stages=s.stages,
                                      weights_shared=s.weights_shared,
                                      min_blocks=s.min_blocks, bn=s.bn, x_steps=s.x_steps,
-                                     l2_ahead=s.l2_ahead,
+                                     l2_ahead=s.l2_ahead, k_slice=s.k_slice,
+                                     warps_m=s.warps_m,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      overlap=args.overlap,
                                      host_us=host_us,

@@ -124,6 +124,40 @@ def test_l2_ahead_in_the_interpreter(wtype, split, m, prefetch, l2_ahead, bn, ze
     assert _rel(y, ref) < 2e-3
 
 
+@pytest.mark.parametrize("wtype,bm,warps_m,k_slice,split,m,zero_point,shared", [
+    ("int4", 64, 1, 16, 1, 37, False, False), ("uint4", 64, 1, 32, 2, 64, True, False),
+    ("int3", 64, 1, 16, 1, 5, False, True), ("float6_e3m2", 16, 1, 64, 2, 3, False, False),
+    ("uint8", 32, 1, 16, 1, 20, True, True)])
+def test_k_slices_in_the_interpreter(wtype, bm, warps_m, k_slice, split, m, zero_point,
+                                     shared):
+    """One M-warp over bm rows, the K step's MMAs over k_slice-deep slices of x and of
+    the converted weights (vm.extract), register and staged bodies."""
+    rng = np.random.default_rng(19)
+    n, k, g = 128, 512, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    wt = lowvm.dtype(wtype)
+    zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
+             else scales)
+    packed = repack_weights(codes, wtype, GemmSchedule())
+    sched = GemmSchedule(bm=bm, warps_m=warps_m, split=split, stages=2, k_slice=k_slice,
+                         weights_shared=shared, fused_split=False)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
+                                     **sched.constants()),
+                    m, n, k, x, packed, scales, zeros, y, ws, _counters(m, n))
+    if split > 1:
+        lowvm.interpret(finish_split.build(), m * n, ws, y)
+    ref = _reference(x, codes, scales, wtype, g, zeros if zero_point else None)
+    assert _rel(y, ref) < 2e-3
+
+
+def test_k_slice_must_divide_the_k_step():
+    with pytest.raises(ProgramError, match="k_slice=24 must be a multiple of 16 dividing bk=128"):
+        quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(k_slice=24).constants())
+
+
 def test_x_steps_must_be_a_multiple_of_prefetch():
     with pytest.raises(ProgramError, match="x_steps=3 must be a multiple of prefetch=2"):
         quant_gemm.build(wtype=lowvm.int4, group=128,
@@ -319,15 +353,21 @@ def test_gpu_narrow_blocks_match_float64(wtype, m):
 @pytest.mark.parametrize("wtype", TYPES)
 @pytest.mark.parametrize("m", [1, 16, 33])
 def test_gpu_x_steps_match_float64(wtype, m):
-    """x copied 2 or 4 K steps at a time (split 1 and 2, prefetch 1 and 2), and weights
-    asked into the L2 ahead (l2_ahead), wide and narrow blocks."""
+    """x copied 2 or 4 K steps at a time (split 1 and 2, prefetch 1 and 2), weights asked
+    into the L2 ahead (l2_ahead), wide and narrow blocks; K-sliced MMAs (k_slice)."""
     _check_schedules_on_gpu(wtype, m, 16, lambda qw: [
         dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), split=split,
                             prefetch=prefetch, x_steps=xs, stages=stages, l2_ahead=ahead,
                             bn=bn, warps_n=bn // 16)
         for split, prefetch, xs, stages, ahead, bn in (
             (1, 1, 4, 2, 0, 64), (2, 2, 4, None, 0, 64), (2, 1, 2, 3, 0, 64),
-            (1, 2, 0, None, 2, 64), (2, 1, 0, 4, 4, 64), (1, 1, 0, None, 3, 32))])
+            (1, 2, 0, None, 2, 64), (2, 1, 0, 4, 4, 64), (1, 1, 0, None, 3, 32))] + [
+        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), bm=bm, warps_m=1,
+                            split=split, k_slice=ks, stages=stages, prefetch=1,
+                            weights_shared=shared, fused_split=split == 1 or m <= 16)
+        for bm, split, ks, stages, shared in (
+            (64, 1, 16, 3, False), (64, 2, 32, 2, False), (16, 2, 64, 4, False),
+            (64, 1, 16, 3, True))])
 
 
 @pytest.mark.gpu

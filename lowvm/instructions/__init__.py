@@ -3,7 +3,15 @@
 from lowvm.instructions.atomic import ATOMIC_TYPES, Arrive, AtomicAdd
 from lowvm.instructions.base import INSTRUCTIONS, Instruction
 from lowvm.instructions.control import Sync, WaitPriorGrid
-from lowvm.instructions.data import Assign, Cast, Permute, RegisterInit, ThreadIndex, View
+from lowvm.instructions.data import (
+    Assign,
+    Cast,
+    Extract,
+    Permute,
+    RegisterInit,
+    ThreadIndex,
+    View,
+)
 from lowvm.instructions.dot import DOT_TYPES, Dot
 from lowvm.instructions.elementwise import COMPARISONS, OPS, Elementwise
 from lowvm.instructions.memory import (
@@ -30,6 +38,7 @@ __all__ = [
     "Sync",
     "WaitPriorGrid",
     "Assign",
+    "Extract",
     "Cast",
     "Permute",
     "RegisterInit",

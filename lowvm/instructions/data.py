@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
-__all__ = ["RegisterInit", "View", "Cast", "Permute", "Assign", "ThreadIndex"]
+__all__ = ["RegisterInit", "View", "Cast", "Permute", "Assign", "Extract", "ThreadIndex"]
 
 
 @register_instruction
@@ -187,6 +187,72 @@ class Assign(_SameRegisters, Instruction):
                 "must match"
             )
 
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Extract(Instruction):
+    """The sub-tile of ``out``'s shape at the static ``offsets`` of ``src``, in ``out``'s
+    layout, every thread taking its elements from its own registers of ``src``.
+
+    Free on the GPU (the copies are register renamings once unrolled): a loop can run
+    over the K slices of a tile converted in one piece, e.g. one ``dot`` per 16-deep
+    slice of the MMA B operand. The layouts must agree: each thread must hold every
+    element it extracts, at the same register in every thread.
+    """
+
+    mnemonic = "extract"
+    out: RegisterTensor
+    src: RegisterTensor
+    offsets: tuple[int, ...]
+
+    def local_map(self) -> np.ndarray:
+        """``out``'s local ``l`` is ``src``'s local ``map[l]`` (the same in every thread)."""
+        return _extract_map(self.src.layout, self.out.layout, self.offsets)
+
+    def check(self) -> None:
+        a, b = self.src, self.out
+        if a.dtype != b.dtype or len(self.offsets) != a.rank or b.rank != a.rank:
+            raise self.error(f"extracting {b.type_str()} at {list(self.offsets)} from "
+                             f"{a.type_str()}: the type and rank must match, one offset per dim")
+        if any(o < 0 or o + n > size for o, n, size in zip(self.offsets, b.shape, a.shape)):
+            raise self.error(f"the {list(b.shape)} tile at {list(self.offsets)} is not inside "
+                             f"%{a.name} of shape {list(a.shape)}")
+        if a.dtype.nbits % 8:
+            raise self.error(f"{a.dtype.name} elements share registers; extract whole-byte "
+                             "tiles (cast or view first)")
+        if a.layout is not None and b.layout is not None and isinstance(self.local_map(), str):
+            raise self.error(self.local_map())
+
+    def interpret(self, st: BlockState) -> None:
+        st.set(self.out, st.get(self.src)[:, self.local_map()])
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self}")
+        for dst, src in enumerate(self.local_map()):
+            cg.line(f"{cg.raw_get(self.out, str(dst))} = {cg.raw_get(self.src, str(src))};")
+
+
+def _extract_map(src, out, offsets: tuple[int, ...]):
+    """:meth:`Extract.local_map`, or the reason there is none (a string)."""
+    if src.num_threads != out.num_threads:
+        return (f"the source is spread over {src.num_threads} threads, the result over "
+                f"{out.num_threads}")
+    wanted = np.ravel_multi_index(tuple(out.table[..., d] + o for d, o in enumerate(offsets)),
+                                  src.shape)  # [T, L_out]: flat index in src
+    held = src.flat_table  # [T, L_src]
+    order = np.argsort(held[0], kind="stable")
+    pos = np.searchsorted(held[0][order], wanted[0])
+    found = (pos < held.shape[1]) & (held[0][order][np.minimum(pos, held.shape[1] - 1)]
+                                      == wanted[0])
+    if not found.all():
+        return (f"thread 0 does not hold element {list(out.table[0, int(np.argmin(found))])} "
+                f"+ {list(offsets)} of the source (layouts {src} and {out})")
+    local_map = order[pos]
+    if not np.array_equal(held[:, local_map], wanted):
+        return (f"threads hold the extracted elements at different registers (layouts {src} "
+                f"and {out}); extract a tile whose layout is a slice of the source's")
+    return local_map
 
 
 @register_instruction

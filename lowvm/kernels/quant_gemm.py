@@ -86,6 +86,10 @@ class GemmSchedule:
     #: asked into the L2 (``vm.prefetch_l2``) each step: more bytes in flight per SM
     #: without registers (register body only)
     l2_ahead: int = 0
+    #: a K step's MMAs run over ``k_slice``-deep slices of x and of the converted weights
+    #: (``vm.extract``), so x is held one slice at a time: what lets one M-warp cover
+    #: bm = 64 rows and convert each weight once; 0: the whole step at once
+    k_slice: int = 0
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -102,6 +106,8 @@ class GemmSchedule:
             c["x_steps"] = self.x_steps
         if self.l2_ahead:
             c["l2_ahead"] = self.l2_ahead
+        if self.k_slice:
+            c["k_slice"] = self.k_slice
         return c
 
     @property
@@ -269,15 +275,19 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False, fused_split: bool = True,
-                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0) -> None:
+                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
+                     k_slice: int = 0) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
+    ks = k_slice or bk
+    vm.static_assert(bk % ks == 0 and ks % 16 == 0, f"k_slice={k_slice} must be a multiple "
+                     f"of 16 dividing bk={bk}")
     if weights_shared:
         vm.static_assert(x_steps in (0, 1) and not l2_ahead, f"weights_shared copies x one K "
                          f"step at a time and stages the weights itself; x_steps={x_steps} "
                          f"must be 0 or 1 and l2_ahead={l2_ahead} 0")
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
-                     fused_split, min_blocks)
+                     fused_split, min_blocks, ks)
         return
     b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
                warps_n, split, min_blocks)
@@ -286,6 +296,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     vm.static_assert(xs % prefetch == 0, f"x_steps={x_steps} must be a multiple of "
                      f"prefetch={prefetch}")
     lw, lay = b.lw, b.lw.mma
+    sliced = _slices(bm, bn, bk, warps_m, warps_n, ks, adtype)
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
     scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
 
@@ -338,9 +349,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         for j in range(xs):
             buf = bufs[j % prefetch]
             packed, scale, *zero = buf
-            xa = vm.load_shared(sx, lay.a, [0, j * bk], [bm, bk])
-            _multiply_step(xa, packed, scale, zero[0] if zero_point else None, acc, lw, wtype,
-                           adtype, zero_point)
+            _multiply_step(sx, j * bk, packed, scale, zero[0] if zero_point else None, acc,
+                           lw, wtype, adtype, zero_point, sliced)
             for dst, src in zip(buf, step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
             if l2_ahead:
@@ -380,9 +390,11 @@ def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
                         [row0, col0])
 
 
-def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
-                   adtype: DType, zero_point: bool) -> None:
-    """``acc += (xa @ q) * scale`` for one K step (``q - zero`` with zero points)."""
+def _multiply_step(sx, k0, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
+                   adtype: DType, zero_point: bool, sliced: BlockMmaLayouts | None) -> None:
+    """``acc += (x @ q) * scale`` for the K step whose x starts at column ``k0`` of ``sx``
+    (``q - zero`` with zero points); with ``sliced`` (the MMA layouts of a K slice), one
+    slice of x at a time."""
     lay = lw.mma
     wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=lay.b)
     if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
@@ -390,14 +402,30 @@ def _multiply_step(xa, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType
     # the step's group scale multiplies the f32 products (bm x bn per block), not the f16
     # weights (bk x bn): fewer multiplies, and no f16 rounding of w
     bm, bn = acc.shape
-    part = vm.dot(xa, wk, vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0))
+    bk = wk.shape[0]
+    part = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
+    if sliced is None:
+        part = vm.dot(vm.load_shared(sx, lay.a, [0, k0], [bm, bk]), wk, part)
+    else:  # the converted weights sliced by register renaming
+        ks = sliced.b.shape[0]
+        for kk in range(bk // ks):
+            xa = vm.load_shared(sx, sliced.a, [0, k0 + kk * ks], [bm, ks])
+            part = vm.dot(xa, vm.extract(wk, [kk * ks, 0], [ks, bn], sliced.b), part)
     vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
+
+
+def _slices(bm: int, bn: int, bk: int, warps_m: int, warps_n: int, k_slice: int,
+            adtype: DType) -> BlockMmaLayouts | None:
+    """The MMA layouts of one ``k_slice``-deep slice of a K step (None: no slicing)."""
+    if k_slice == bk:
+        return None
+    return block_mma_layouts(bm, bn, k_slice, warps_m, warps_n, adtype)
 
 
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                  wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                  warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                 fused_split: bool = True, min_blocks: int = 1) -> None:
+                 fused_split: bool = True, min_blocks: int = 1, k_slice: int = 128) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
@@ -430,8 +458,8 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
         scale = vm.load_shared(ss, reduce(lay.c, [0], keepdims=True), [0, 0], [1, bn])
         zero = (vm.load_shared(sz, reduce(lay.b, [0], keepdims=True), [0, 0], [1, bn])
                 if zero_point else None)
-        xa = vm.load_shared(sx, lay.a, [0, 0], [bm, bk])
-        _multiply_step(xa, packed, scale, zero, acc, lw, wtype, adtype, zero_point)
+        _multiply_step(sx, 0, packed, scale, zero, acc, lw, wtype, adtype, zero_point,
+                       _slices(bm, bn, bk, warps_m, warps_n, k_slice, adtype))
         vm.sync()
     store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     for t in (sx, sw, ss, sz):
@@ -448,7 +476,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
                fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0,
-               l2_ahead: int = 0):
+               l2_ahead: int = 0, k_slice: int = 0):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
     (:func:`store_result`).
 
@@ -457,7 +485,8 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     """
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead)
+                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
+                     k_slice)
 
 
 @vm.program
@@ -470,11 +499,13 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     warps_m: int = 1, warps_n: int = 4, split: int = 1,
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False, fused_split: bool = True,
-                    min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0):
+                    min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
+                    k_slice: int = 0):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead)
+                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
+                     k_slice)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:

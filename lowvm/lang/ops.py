@@ -23,6 +23,7 @@ from lowvm.instructions import (
     CopyAsync,
     Dot,
     Elementwise,
+    Extract,
     FreeShared,
     GlobalView,
     LoadGlobal,
@@ -69,7 +70,7 @@ __all__ = [
     "global_view", "load_global", "store_global", "atomic_add", "arrive",
     "shared_tensor", "free_shared", "load_shared", "store_shared",
     "copy_async", "commit_group", "wait_group", "prefetch_l2",
-    "register_tensor", "view", "cast", "permute", "transpose", "assign",
+    "register_tensor", "view", "cast", "permute", "transpose", "assign", "extract",
     "add", "sub", "mul", "div", "mod", "maximum", "minimum", "neg", "abs", "exp", "sqrt",
     "where", "fma", "lt", "le", "gt", "ge", "eq", "ne",
     "reduce", "sum", "max", "min", "dot", "sync", "wait_prior_grid", "static_assert",
@@ -444,6 +445,23 @@ def transpose(x: RegisterTensor) -> RegisterTensor:
 def assign(dst: RegisterTensor, src: RegisterTensor) -> None:
     """Overwrite ``dst`` with ``src`` (same type, shape and layout)."""
     current().emit(Assign(out=_tile(dst, "assign"), src=_tile(src, "assign"), loc=_loc()))
+
+
+def extract(x: RegisterTensor, offsets: Sequence[int], shape: Sequence[int],
+            layout: RegisterLayout) -> RegisterTensor:
+    """The ``shape`` sub-tile of ``x`` at the static ``offsets``, in ``layout``: each thread
+    takes its elements from its own registers (a renaming, free on the GPU), e.g. the
+    16-deep K slices of an MMA operand converted in one piece::
+
+        w16 = vm.extract(w, [16 * kk, 0], [16, bn], mma16.b)
+    """
+    x = _tile(x, "extract")
+    offs = tuple(const_value(o) for o in offsets)
+    if any(not isinstance(o, int) for o in offs):
+        raise _fail(f"extract: offsets must be compile-time integers, got {list(offsets)}")
+    out = current().register(x.dtype, _static_shape(shape, "extract"), layout, "extract")
+    current().emit(Extract(out=out, src=x, offsets=offs, loc=_loc()))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
