@@ -37,6 +37,14 @@ EXAMPLES = {
     # the occupancy hint (vm.set_min_blocks): 6 blocks per SM, still unspilled for int4
     "quant_gemm_int4_min_blocks6": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
         split=8, stages=4, min_blocks=6).constants()}),
+    # one M-warp over 64 rows, the K step's MMAs over 16-deep slices (vm.extract)
+    "quant_gemm_int4_m64_one_warp": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        bm=64, warps_m=1, split=4, stages=3, k_slice=16, fused_split=False).constants()}),
+    "quant_gemm_int8_m64_one_warp": (quant_gemm, {"wtype": lowvm.int8, **GemmSchedule(
+        bm=64, warps_m=1, split=2, stages=2, k_slice=16, fused_split=False).constants()}),
+    # weights asked into the L2 two steps beyond the registers (vm.prefetch_l2)
+    "quant_gemm_int4_l2_ahead": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        split=8, stages=4, l2_ahead=2).constants()}),
     "finish_split": (finish_split, {}),
     "repack_int4": (repack_program, {"wtype": lowvm.int4}),
     "repack_e3m2_bk32": (repack_program, {"wtype": lowvm.float6_e3m2, "bk": 32}),

@@ -9,6 +9,7 @@ saturate; float to integer rounds to nearest even too).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -221,8 +222,10 @@ class Extract(Instruction):
         if a.dtype.nbits % 8:
             raise self.error(f"{a.dtype.name} elements share registers; extract whole-byte "
                              "tiles (cast or view first)")
-        if a.layout is not None and b.layout is not None and isinstance(self.local_map(), str):
-            raise self.error(self.local_map())
+        if a.layout is not None and b.layout is not None:
+            found = self.local_map()
+            if isinstance(found, str):
+                raise self.error(found)
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, st.get(self.src)[:, self.local_map()])
@@ -233,8 +236,10 @@ class Extract(Instruction):
             cg.line(f"{cg.raw_get(self.out, str(dst))} = {cg.raw_get(self.src, str(src))};")
 
 
+@lru_cache(maxsize=256)
 def _extract_map(src, out, offsets: tuple[int, ...]):
-    """:meth:`Extract.local_map`, or the reason there is none (a string)."""
+    """:meth:`Extract.local_map`, or the reason there is none (a string); cached, as the
+    interpreter asks once per block and step."""
     if src.num_threads != out.num_threads:
         return (f"the source is spread over {src.num_threads} threads, the result over "
                 f"{out.num_threads}")

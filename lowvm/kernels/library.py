@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -337,7 +338,7 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     else:
         ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters,
-         overlap=_OVERLAP[0] and gemm.cuda.waits_prior_grid)
+         overlap=getattr(_OVERLAP, "on", False) and gemm.cuda.waits_prior_grid)
     if finish is not None:
         finish(m * n, ws, y)
     return y
@@ -402,13 +403,14 @@ def _stream_and_capture(device: Any) -> tuple[int, int]:
         return stream, -1
 
 
-#: set by :func:`overlapped_launches`
-_OVERLAP = [False]
+#: per thread, set by :func:`overlapped_launches`
+_OVERLAP = threading.local()
 
 
 @contextlib.contextmanager
 def overlapped_launches(enabled: bool = True) -> Iterator[None]:
-    """GEMMs launched inside start while the kernel before them is still finishing.
+    """GEMMs this thread launches inside start while the kernel before them is still
+    finishing.
 
     Programmatic dependent launch (sm_90 and newer; nothing changes before): a GEMM
     loads its first weights, then waits for the previous kernel (``vm.wait_prior_grid``)
@@ -418,12 +420,12 @@ def overlapped_launches(enabled: bool = True) -> Iterator[None]:
     a repack or ``load_state_dict`` followed at once by a forward, which must run outside).
     For capturing decode steps in CUDA graphs, where small kernels' launch gaps add up.
     """
-    before = _OVERLAP[0]
-    _OVERLAP[0] = bool(enabled)
+    before = getattr(_OVERLAP, "on", False)
+    _OVERLAP.on = bool(enabled)
     try:
         yield
     finally:
-        _OVERLAP[0] = before
+        _OVERLAP.on = before
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:

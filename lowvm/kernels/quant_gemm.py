@@ -425,7 +425,7 @@ def _slices(bm: int, bn: int, bk: int, warps_m: int, warps_n: int, k_slice: int,
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                  wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
                  warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                 fused_split: bool = True, min_blocks: int = 1, k_slice: int = 128) -> None:
+                 fused_split: bool = True, min_blocks: int = 1, k_slice: int = 0) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
@@ -459,7 +459,7 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
         zero = (vm.load_shared(sz, reduce(lay.b, [0], keepdims=True), [0, 0], [1, bn])
                 if zero_point else None)
         _multiply_step(sx, 0, packed, scale, zero, acc, lw, wtype, adtype, zero_point,
-                       _slices(bm, bn, bk, warps_m, warps_n, k_slice, adtype))
+                       _slices(bm, bn, bk, warps_m, warps_n, k_slice or bk, adtype))
         vm.sync()
     store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     for t in (sx, sw, ss, sz):
