@@ -628,3 +628,29 @@ def test_gpu_overlapped_launch_waits_for_the_kernel_that_writes_x(graph):
         y = (y_graph if captured is not None else outs[-1]).float()
         ref = x.float() @ deq.T
         assert float((y - ref).norm() / ref.norm()) < 2e-3, trial
+
+
+def test_overlap_is_dropped_for_the_call_that_casts_the_scales():
+    """A first bfloat16 call casts the float16 scales right before the GEMM, which reads
+    them before its wait: that launch must not overlap; later calls (cast cached) do."""
+    import types
+
+    import torch
+
+    from lowvm.kernels import library
+
+    launched = []
+
+    def gemm(*args, overlap):
+        launched.append(overlap)
+
+    gemm.cuda = types.SimpleNamespace(waits_prior_grid=True)
+    qw = library.QuantWeight(torch.zeros(4, 16, dtype=torch.uint8),
+                             torch.ones(1, 64, dtype=torch.float16), lowvm.int4, 128, 64, 128,
+                             128)
+    planner = lambda *a: (gemm, None, False)  # noqa: E731
+    with library.overlapped_launches():
+        for dtype in (torch.bfloat16, torch.bfloat16, torch.float16):
+            library._run(torch.zeros(1, 128, dtype=dtype), qw, None, planner)
+    library._run(torch.zeros(1, 128, dtype=torch.float16), qw, None, planner)
+    assert launched == [False, True, True, False]

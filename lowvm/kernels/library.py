@@ -328,6 +328,10 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     import torch
 
     m, n, k = x.shape[0], weight.n, weight.k
+    # a first bfloat16 call casts the scales (and zeros) right before the GEMM, which
+    # reads them before its wait: that launch must not overlap the cast
+    overlap = getattr(_OVERLAP, "on", False) and (
+        x.dtype == torch.float16 or x.dtype in weight.__dict__.get("_converted", {}))
     scales, zeros = weight.for_dtype(x.dtype)
     gemm, finish, split = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
                                   schedule)
@@ -338,7 +342,7 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     else:
         ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
     gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters,
-         overlap=getattr(_OVERLAP, "on", False) and gemm.cuda.waits_prior_grid)
+         overlap=overlap and gemm.cuda.waits_prior_grid)
     if finish is not None:
         finish(m * n, ws, y)
     return y
