@@ -305,7 +305,8 @@ class Kernel:
         else:
             handle = _drv.stream_handle(stream)
         params = self._param_block(values)
-        if overlap and _overlaps(device):
+        overlap = overlap and _overlaps(device)
+        if overlap:
             err = self._launch_overlapped(fn, (gx, gy, gz), handle, params)
         else:
             (err,) = cu.cuLaunchKernel(
@@ -314,12 +315,16 @@ class Kernel:
         if err:
             if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
                 _drv.ensure_context(device)
-                (err,) = cu.cuLaunchKernel(
-                    fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
-                )
+                if overlap:
+                    err = self._launch_overlapped(fn, (gx, gy, gz), handle, params)
+                else:
+                    (err,) = cu.cuLaunchKernel(
+                        fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
+                    )
             if err:
                 raise CudaDriverError(
-                    f"cuLaunchKernel({self._name!r}, grid=({gx}, {gy}, {gz}), "
+                    f"cuLaunchKernel{'Ex' if overlap else ''}({self._name!r}, "
+                    f"grid=({gx}, {gy}, {gz}), "
                     f"block={self._block}, dynamic_shared_bytes={self._smem}) failed with "
                     f"{_drv.error_name(err)}"
                 )
