@@ -164,6 +164,19 @@ def test_x_steps_must_be_a_multiple_of_prefetch():
                          **GemmSchedule(prefetch=2, x_steps=3).constants())
 
 
+@pytest.mark.parametrize("fields,message", [
+    (dict(k_slice=-16), r"k_slice=-16 must be a multiple of 16 dividing bk=128"),
+    (dict(x_steps=-1), r"x_steps=-1 must be 0 \(prefetch's\) or positive"),
+    (dict(l2_ahead=-2), r"l2_ahead=-2 must be 0 \(none\) or positive"),
+    (dict(weights_shared=True, stages=2, x_steps=2),
+     r"x_steps must be 0 or 1 and l2_ahead 0, got x_steps=2, l2_ahead=0"),
+    (dict(weights_shared=True, stages=2, l2_ahead=1),
+     r"x_steps must be 0 or 1 and l2_ahead 0, got x_steps=0, l2_ahead=1")])
+def test_schedule_options_out_of_range_are_named(fields, message):
+    with pytest.raises(ProgramError, match=message):
+        quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(**fields).constants())
+
+
 def test_unfused_split_k_in_the_interpreter():
     """fused_split=False: the GEMM only adds; finish_split converts and clears ws."""
     rng = np.random.default_rng(12)

@@ -279,12 +279,14 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      k_slice: int = 0) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     ks = k_slice or bk
-    vm.static_assert(bk % ks == 0 and ks % 16 == 0, f"k_slice={k_slice} must be a multiple "
-                     f"of 16 dividing bk={bk}")
+    vm.static_assert(ks > 0 and bk % ks == 0 and ks % 16 == 0, f"k_slice={k_slice} must be "
+                     f"a multiple of 16 dividing bk={bk} (or 0: the whole step)")
+    vm.static_assert(x_steps >= 0, f"x_steps={x_steps} must be 0 (prefetch's) or positive")
+    vm.static_assert(l2_ahead >= 0, f"l2_ahead={l2_ahead} must be 0 (none) or positive")
     if weights_shared:
         vm.static_assert(x_steps in (0, 1) and not l2_ahead, f"weights_shared copies x one K "
-                         f"step at a time and stages the weights itself; x_steps={x_steps} "
-                         f"must be 0 or 1 and l2_ahead={l2_ahead} 0")
+                         f"step at a time and stages the weights itself: x_steps must be 0 "
+                         f"or 1 and l2_ahead 0, got x_steps={x_steps}, l2_ahead={l2_ahead}")
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
                      fused_split, min_blocks, ks)
