@@ -950,6 +950,62 @@ def test_cast_with_layout_refuses_moving_elements_between_threads():
         cast_moving_data.build()
 
 
+# ---------------------------------------------------------------------------------------
+# extract: a register sub-tile by renaming
+
+#: [16, 8] with rows 8 apart in one thread's registers: its row halves are slices of it
+L16x8_HALVES = vm.local(2, 1).spatial(8, 4).local(1, 2)
+L8x8 = vm.spatial(8, 4).local(1, 2)
+
+
+@vm.program(warps=1)
+def extract_half(x: vm.ptr[vm.float32], y: vm.ptr[vm.float32], c: vm.ptr[vm.float32],
+                 row: int = 8, src_layout: vm.constexpr = None, out_layout: vm.constexpr = None,
+                 shape: vm.constexpr = (8, 8)):
+    """y = x[row:row+8, :], c = x[row:row+8, :1] (a column replicated over 4 threads)."""
+    vm.set_grid(1)
+    gx = vm.global_view(x, [16, 8])
+    t = vm.load_global(gx, [0, 0], [16, 8], src_layout or L16x8_HALVES)
+    vm.store_global(vm.global_view(y, [8, 8]),
+                    vm.extract(t, [row, 0], list(shape), out_layout or L8x8))
+    col = vm.load_global(gx, [0, 0], [16, 1], reduce(L16x8_HALVES, [1], keepdims=True))
+    vm.store_global(vm.global_view(c, [8, 1]),
+                    vm.extract(col, [row, 0], [8, 1], reduce(L8x8, [1], keepdims=True)))
+
+
+@pytest.mark.parametrize("row", [0, 8])
+def test_extract_takes_a_sub_tile_from_each_threads_own_registers(row):
+    from lowvm.codegen import generate_cuda
+
+    x = f32(16, 8)
+    y, c = np.zeros((8, 8), np.float32), np.zeros((8, 1), np.float32)
+    program = extract_half.build(row=row)
+    lowvm.interpret(program, x.reshape(-1), y.reshape(-1), c.reshape(-1))
+    np.testing.assert_array_equal(y, x[row:row + 8])
+    np.testing.assert_array_equal(c, x[row:row + 8, :1])
+    # one register copy per element a thread extracts: rows `row` are locals 2 * row / 8
+    # and 2 * row / 8 + 1 of the tile, local row / 8 of the column
+    lines = [line.strip() for line in generate_cuda(program).source.splitlines()]
+    first = 2 * row // 8
+    assert [f"r4[0] = r2[{first}];", f"r4[1] = r2[{first + 1}];"] == [
+        line for line in lines if line.startswith("r4[") and "= r2[" in line]
+    assert [f"r7[0] = r5[{row // 8}];"] == [line for line in lines
+                                             if line.startswith("r7[") and "= r5[" in line]
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(row=12), r"the \[8, 8\] tile at \[12, 0\] is not inside %\w+ of shape \[16, 8\]"),
+    (dict(out_layout=vm.spatial(8, 4).local(1, 1), shape=(8, 4)),
+     r"thread 1 does not hold element \[0, 1\] \+ \[8, 0\] of the source"),
+    (dict(src_layout=L16x8),  # rows 2r, 2r + 1 in thread r: row 8 is thread 4's
+     r"thread 0 does not hold element \[0, 0\] \+ \[8, 0\] of the source"),
+    (dict(shape=(8, 4), out_layout=vm.spatial(8, 4)),  # a float32 tile of another type
+     r"thread 1 does not hold element \[0, 1\] \+ \[8, 0\]")])
+def test_extract_names_what_does_not_fit(fields, message):
+    with pytest.raises(lowvm.ProgramError, match=message):
+        extract_half.build(**fields)
+
+
 def test_split_pairs_lists_even_then_odd_locals_of_each_run():
     lay = vm.spatial(8, 4).local(2, 4)  # 8 locals per thread
     for span in (2, 4, 8):

@@ -251,12 +251,20 @@ def _extract_map(src, out, offsets: tuple[int, ...]):
     found = (pos < held.shape[1]) & (held[0][order][np.minimum(pos, held.shape[1] - 1)]
                                       == wanted[0])
     if not found.all():
-        return (f"thread 0 does not hold element {list(out.table[0, int(np.argmin(found))])} "
-                f"+ {list(offsets)} of the source (layouts {src} and {out})")
+        return (f"thread 0 does not hold element {out.table[0, int(np.argmin(found))].tolist()}"
+                f" + {list(offsets)} of the source (layouts {src} and {out})")
     local_map = order[pos]
-    if not np.array_equal(held[:, local_map], wanted):
-        return (f"threads hold the extracted elements at different registers (layouts {src} "
-                f"and {out}); extract a tile whose layout is a slice of the source's")
+    bad = np.flatnonzero((held[:, local_map] != wanted).any(axis=1))
+    if bad.size:
+        t = int(bad[0])
+        missing = np.flatnonzero(~np.isin(wanted[t], held[t]))
+        if missing.size:
+            return (f"thread {t} does not hold element "
+                    f"{out.table[t, int(missing[0])].tolist()} + {list(offsets)} of the "
+                    f"source (layouts {src} and {out})")
+        return (f"thread {t} holds the extracted elements at other registers than thread 0 "
+                f"(layouts {src} and {out}); extract a tile whose layout is a slice of the "
+                "source's")
     return local_map
 
 
