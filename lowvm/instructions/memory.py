@@ -301,7 +301,8 @@ class StoreShared(Instruction):
 
 
 #: bytes per ``prefetch.global.L2``: one 32-byte sector, the L2's unit of DRAM traffic,
-#: so the hint covers every byte whatever line the hardware fetches around it
+#: so the hint covers every byte of a run that starts on a sector (a run that does not
+#: may leave its last sector to the load)
 PREFETCH_BYTES = 32
 
 
@@ -313,7 +314,9 @@ class PrefetchL2(Instruction):
     A hint with no effect on any value: loads that read the tile later find it in L2
     instead of waiting for DRAM, so a loop can keep more bytes in flight than its
     registers or shared memory hold. Parts outside the tensor are skipped. The block's
-    threads share the work, one ``prefetch.global.L2`` per 32-byte sector of each row.
+    threads share the work, one ``prefetch.global.L2`` every 32 bytes of each row (whole
+    rows of a dense tensor merged into one run): each sector once when runs start on a
+    32-byte boundary, as quant_gemm's do.
     """
 
     mnemonic = "prefetch_l2"
