@@ -422,7 +422,9 @@ def overlapped_launches(enabled: bool = True) -> Iterator[None]:
     behind that kernel's tail. The promise this asks for: no kernel launched right before
     a GEMM writes that GEMM's weights, scales or zeros (true of a model's forward; not of
     a repack or ``load_state_dict`` followed at once by a forward, which must run outside).
-    For capturing decode steps in CUDA graphs, where small kernels' launch gaps add up.
+    A bfloat16 call that first casts the weight's float16 scales launches plainly (the
+    cast is the kernel right before it), and ``weights_shared`` schedules wait before any
+    load. For capturing decode steps in CUDA graphs, where small kernels' launch gaps add up.
     """
     before = getattr(_OVERLAP, "on", False)
     _OVERLAP.on = bool(enabled)
