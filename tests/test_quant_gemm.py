@@ -127,7 +127,9 @@ def test_l2_ahead_in_the_interpreter(wtype, split, m, prefetch, l2_ahead, bn, ze
 @pytest.mark.parametrize("wtype,bm,warps_m,k_slice,split,m,zero_point,shared", [
     ("int4", 64, 1, 16, 1, 37, False, False), ("uint4", 64, 1, 32, 2, 64, True, False),
     ("int3", 64, 1, 16, 1, 5, False, True), ("float6_e3m2", 16, 1, 64, 2, 3, False, False),
-    ("uint8", 32, 1, 16, 1, 20, True, True)])
+    ("uint8", 32, 1, 16, 1, 20, True, True),
+    # two M-warps: the B slices are replicated over them
+    ("int4", 32, 2, 16, 2, 20, True, False), ("int3", 32, 2, 32, 1, 9, False, True)])
 def test_k_slices_in_the_interpreter(wtype, bm, warps_m, k_slice, split, m, zero_point,
                                      shared):
     """One M-warp over bm rows, the K step's MMAs over k_slice-deep slices of x and of
