@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
 
 _NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "fuse_projections", "FuseReport")
+_KERNEL_NAMES = ("overlapped_launches",)
 
 
 def __getattr__(name: str) -> object:
@@ -26,10 +27,10 @@ def __getattr__(name: str) -> object:
         import lowvm.nn
 
         return getattr(lowvm.nn, name)
-    if name == "overlapped_launches":
-        from lowvm.kernels.library import overlapped_launches
+    if name in _KERNEL_NAMES:
+        import lowvm.kernels.library
 
-        return overlapped_launches
+        return getattr(lowvm.kernels.library, name)
     raise AttributeError(f"module 'lowvm' has no attribute {name!r}")
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "ProgramError",
     "InterpretError",
     *_NN_NAMES,
+    *_KERNEL_NAMES,
     *_dtype_names,
 ]

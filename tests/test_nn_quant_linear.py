@@ -163,3 +163,30 @@ def test_activation_errors_name_dtype_shape_and_device():
     with pytest.raises(ActivationError, match="meta"):
         layer(torch.empty(2, 256, dtype=torch.float16, device="meta"))
     assert isinstance(ActivationError("x"), lowvm.LowvmError)
+
+
+def test_bfloat16_scales_are_cast_once_per_layer_and_again_after_an_in_place_change():
+    """The CUDA path reads a layer's scales in the activation type: cast once, kept while
+    the layer's tensors are unchanged (not a cast kernel before every GEMM)."""
+    import gc
+
+    import lowvm.dtypes
+    from lowvm.nn import backend
+    from lowvm.nn.packed import PackedLinear
+
+    scales = torch.rand(4, 64, dtype=torch.float16)
+    zeros = torch.full((4, 64), 8.0, dtype=torch.float16)
+    layer = PackedLinear(torch.zeros(1, dtype=torch.uint8), scales, zeros, None,
+                         lowvm.dtypes.uint4, 128, 512)
+    assert backend._scales_as(layer, torch.float16) == (scales, zeros)  # no copy
+    s1, z1 = backend._scales_as(layer, torch.bfloat16)
+    assert s1.dtype == z1.dtype == torch.bfloat16 and torch.equal(s1, scales.bfloat16())
+    s2, z2 = backend._scales_as(layer, torch.bfloat16)
+    assert s2 is s1 and z2 is z1  # kept
+    scales.mul_(2)  # load_state_dict copies in place: the cast must follow
+    s3, _ = backend._scales_as(layer, torch.bfloat16)
+    assert s3 is not s1 and torch.equal(s3, scales.bfloat16())
+    key = (id(scales), torch.bfloat16)
+    del layer, scales, s1, s2, s3, z1, z2
+    gc.collect()
+    assert key not in backend._CONVERTED  # freed with the layer's scales

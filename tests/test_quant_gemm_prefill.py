@@ -294,3 +294,7 @@ def test_prefill_quant_linear_rejects_bad_inputs():
     bad = GemmSchedule(bm=128, bn=128, bk=128, warps_m=4, warps_n=2)
     with pytest.raises(LowvmError, match="does not fit"):
         prefill_quant_linear(torch.zeros(4, 256, dtype=torch.float16), qw, bad)
+    decode_only = GemmSchedule(bm=128, bn=64, bk=128, warps_m=4, warps_n=2, k_slice=16)
+    with pytest.raises(LowvmError, match=r"\{'k_slice': 16\} are options of quant_gemm's "
+                                         "decode body"):
+        prefill_quant_linear(torch.zeros(4, 256, dtype=torch.float16), qw, decode_only)

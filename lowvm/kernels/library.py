@@ -71,16 +71,19 @@ class QuantWeight:
     zeros: Any = None  # torch float16 [K / group, N] holding codes, or None (symmetric)
 
     def for_dtype(self, dtype: Any) -> tuple[Any, Any]:
-        """(scales, zeros) in the activation type ``dtype`` (bf16 copies made once)."""
-        import torch
-
-        if dtype == torch.float16:
+        """(scales, zeros) in the activation type ``dtype`` (other-type copies made once)."""
+        if self.holds(dtype):
             return self.scales, self.zeros
         cache = self.__dict__.setdefault("_converted", {})
         if dtype not in cache:
             cache[dtype] = (self.scales.to(dtype),
                             None if self.zeros is None else self.zeros.to(dtype))
         return cache[dtype]
+
+    def holds(self, dtype: Any) -> bool:
+        """Whether :meth:`for_dtype` has ``dtype``'s scales (and zeros) without a cast."""
+        return (self.scales.dtype == dtype and (self.zeros is None or self.zeros.dtype == dtype)
+                or dtype in self.__dict__.get("_converted", {}))
 
 
 def _check_shape(n: int, k: int, group: int, bk: int) -> None:
@@ -330,8 +333,7 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     m, n, k = x.shape[0], weight.n, weight.k
     # a first bfloat16 call casts the scales (and zeros) right before the GEMM, which
     # reads them before its wait: that launch must not overlap the cast
-    overlap = getattr(_OVERLAP, "on", False) and (
-        x.dtype == torch.float16 or x.dtype in weight.__dict__.get("_converted", {}))
+    overlap = getattr(_OVERLAP, "on", False) and weight.holds(x.dtype)
     scales, zeros = weight.for_dtype(x.dtype)
     gemm, finish, split = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
                                   schedule)
@@ -484,6 +486,10 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         n, k = weight.n, weight.k
         s = schedule or choose_prefill_schedule(m, n, k, weight.bk, weight.wtype,
                                                 _device_arch(weight.packed.device))
+        extra = {f: getattr(s, f) for f in ("x_steps", "l2_ahead", "k_slice") if getattr(s, f)}
+        if extra:
+            raise LowvmError(f"prefill schedule {s}: {extra} are options of quant_gemm's "
+                             "decode body; quant_gemm_prefill takes none of them")
         if s.bk != weight.bk or s.bn % WEIGHT_BN or n % s.bn:
             raise LowvmError(f"prefill schedule {s} does not fit the weight (bk={weight.bk}, "
                              f"N = {n}; bn must be a multiple of {WEIGHT_BN} dividing N)")

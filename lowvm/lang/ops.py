@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import numbers
 from collections.abc import Iterator, Sequence
 
 from lowvm.dtypes import DType
@@ -457,6 +458,7 @@ def extract(x: RegisterTensor, offsets: Sequence[int], shape: Sequence[int],
     """
     x = _tile(x, "extract")
     offs = tuple(const_value(o) for o in offsets)
+    offs = tuple(int(o) if isinstance(o, numbers.Integral) else o for o in offs)
     if any(not isinstance(o, int) for o in offs):
         raise _fail(f"extract: offsets must be compile-time integers, got {list(offsets)}")
     out = current().register(x.dtype, _static_shape(shape, "extract"), layout, "extract")

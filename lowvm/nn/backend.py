@@ -13,6 +13,8 @@ weight is quantized.
 from __future__ import annotations
 
 import warnings
+import weakref
+from typing import Any
 
 import torch
 
@@ -75,12 +77,35 @@ def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     (zero points are applied inside the kernel; the bias is added after).
     ``layer.qweight`` is already the kernel's repacked weight."""
     n, k = layer.out_features, layer.in_features
-    weight = QuantWeight(layer.qweight, layer.scales, layer.wtype, layer.group_size, n, k,
-                         weight_bk(layer.group_size, k), layer.zeros)
+    scales, zeros = _scales_as(layer, x2d.dtype)
+    weight = QuantWeight(layer.qweight, scales, layer.wtype, layer.group_size, n, k,
+                         weight_bk(layer.group_size, k), zeros)
     y = library_quant_linear(x2d.contiguous(), weight)
     if layer.bias is not None:
         y = y + layer.bias.to(y.dtype)
     return y
+
+
+#: (id of a layer's scales, dtype) -> (scales, zeros, their versions, converted pair)
+_CONVERTED: dict[tuple[int, torch.dtype], tuple] = {}
+
+
+def _scales_as(layer: PackedLinear, dtype: torch.dtype) -> tuple[torch.Tensor, Any]:
+    """The layer's scales and zeros in ``dtype``, cast once per layer and kept until the
+    layer's tensors change in place (their version counters) or are freed: a bfloat16
+    model must not launch a cast before every GEMM."""
+    scales, zeros = layer.scales, layer.zeros
+    if scales.dtype == dtype and (zeros is None or zeros.dtype == dtype):
+        return scales, zeros
+    key = (id(scales), dtype)
+    versions = (scales._version, None if zeros is None else zeros._version)
+    hit = _CONVERTED.get(key)
+    if hit is None or hit[0]() is not scales or hit[1] is not zeros or hit[2] != versions:
+        if hit is None:  # drop the copy with the layer's scales
+            weakref.finalize(scales, _CONVERTED.pop, key, None)
+        hit = _CONVERTED[key] = (weakref.ref(scales), zeros, versions,
+                                 (scales.to(dtype), None if zeros is None else zeros.to(dtype)))
+    return hit[3]
 
 
 def quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
