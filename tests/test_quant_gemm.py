@@ -56,24 +56,37 @@ def test_repack_round_trips(wtype):
     assert np.array_equal(unpack_repacked(packed, wtype, 128, 256, sched), codes)
 
 
+def _interpret_gemm(wtype, sched: GemmSchedule, m: int, seed: int, k: int = 512,
+                    zero_point: bool = False) -> float:
+    """Run ``quant_gemm`` with ``sched`` in the interpreter on random weights of the
+    library's format (n = 128, group 128) and return its error against float64; split-K
+    buffers must come back zeroed (``finish_split`` runs for unfused schedules)."""
+    rng = np.random.default_rng(seed)
+    n, g, wt = 128, 128, lowvm.dtype(wtype)
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
+    zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
+             else scales)
+    packed = repack_weights(codes, wtype, GemmSchedule())  # the library's one format
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, np.float16)
+    ws = np.zeros((m, n), np.float32)
+    counters = np.zeros(-(-m // sched.bm) * (n // sched.bn), np.int32)
+    lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
+                                     **sched.constants()),
+                    m, n, k, x, packed, scales, zeros, y, ws, counters)
+    if sched.split > 1 and not sched.fused_split:
+        lowvm.interpret(finish_split.build(), m * n, ws, y)
+    # split-K: the last block of each tile (or finish_split) wrote y and left the
+    # workspace and the counters cleared
+    assert not ws.any() and not counters.any()
+    return _rel(y, _reference(x, codes, scales, wtype, g, zeros if zero_point else None))
+
+
 @pytest.mark.parametrize("wtype,split,m,prefetch", [
     ("int4", 1, 3, 1), ("int3", 2, 1, 2), ("float6_e3m2", 1, 17, 2), ("uint2", 2, 5, 1),
     ("int8", 1, 2, 4)])
 def test_interpreter_matches_float64(wtype, split, m, prefetch):
-    rng = np.random.default_rng(2)
-    n, k, g = 128, 512, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
-    sched = GemmSchedule(split=split, prefetch=prefetch)
-    packed = repack_weights(codes, wtype, sched)
-    x = rng.standard_normal((m, k)).astype(np.float16)
-    y = np.full((m, n), np.nan, np.float16)
-    ws = np.zeros((m, n), np.float32)
-    counters = _counters(m, n)
-    lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
-                    m, n, k, x, packed, scales, scales, y, ws, counters)
-    # split-K: the last block of each tile wrote y and left workspace and counters cleared
-    assert not ws.any() and not counters.any()
-    assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+    assert _interpret_gemm(wtype, GemmSchedule(split=split, prefetch=prefetch), m, 2) < 2e-3
 
 
 @pytest.mark.parametrize("wtype,split,m,prefetch,x_steps,stages", [
@@ -81,20 +94,9 @@ def test_interpreter_matches_float64(wtype, split, m, prefetch):
     ("float6_e3m2", 2, 2, 1, 2, 2)])
 def test_x_steps_in_the_interpreter(wtype, split, m, prefetch, x_steps, stages):
     """x copied ``x_steps`` K steps at a time, weights still ``prefetch`` steps ahead."""
-    rng = np.random.default_rng(15)
-    n, k, g = 128, 1024, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
     sched = GemmSchedule(split=split, prefetch=prefetch, x_steps=x_steps, stages=stages)
     assert sched.steps_per_copy == x_steps
-    packed = repack_weights(codes, wtype, sched)
-    x = rng.standard_normal((m, k)).astype(np.float16)
-    y = np.full((m, n), np.nan, np.float16)
-    ws = np.zeros((m, n), np.float32)
-    counters = _counters(m, n)
-    lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
-                    m, n, k, x, packed, scales, scales, y, ws, counters)
-    assert not ws.any() and not counters.any()
-    assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
+    assert _interpret_gemm(wtype, sched, m, 15, k=1024) < 2e-3
 
 
 @pytest.mark.parametrize("wtype,split,m,prefetch,l2_ahead,bn,zero_point", [
@@ -103,25 +105,9 @@ def test_x_steps_in_the_interpreter(wtype, split, m, prefetch, x_steps, stages):
 def test_l2_ahead_in_the_interpreter(wtype, split, m, prefetch, l2_ahead, bn, zero_point):
     """Weights, scales and zeros asked into the L2 ahead of the loads: same sums (the
     prefetches past the block's K range are clamped to its last step)."""
-    rng = np.random.default_rng(17)
-    n, k, g = 128, 1024, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
-    wt = lowvm.dtype(wtype)
-    zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
-             else scales)
-    packed = repack_weights(codes, wtype, GemmSchedule())
     sched = GemmSchedule(bn=bn, warps_n=min(4, bn // 16), split=split, prefetch=prefetch,
                          l2_ahead=l2_ahead)
-    x = rng.standard_normal((m, k)).astype(np.float16)
-    y = np.full((m, n), np.nan, np.float16)
-    ws = np.zeros((m, n), np.float32)
-    counters = np.zeros(-(-m // 16) * (n // bn), np.int32)
-    lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
-                                     **sched.constants()),
-                    m, n, k, x, packed, scales, zeros, y, ws, counters)
-    assert not ws.any() and not counters.any()
-    ref = _reference(x, codes, scales, wtype, g, zeros if zero_point else None)
-    assert _rel(y, ref) < 2e-3
+    assert _interpret_gemm(wtype, sched, m, 17, k=1024, zero_point=zero_point) < 2e-3
 
 
 @pytest.mark.parametrize("wtype,bm,warps_m,k_slice,split,m,zero_point,shared", [
@@ -134,25 +120,9 @@ def test_k_slices_in_the_interpreter(wtype, bm, warps_m, k_slice, split, m, zero
                                      shared):
     """One M-warp over bm rows, the K step's MMAs over k_slice-deep slices of x and of
     the converted weights (vm.extract), register and staged bodies."""
-    rng = np.random.default_rng(19)
-    n, k, g = 128, 512, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
-    wt = lowvm.dtype(wtype)
-    zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
-             else scales)
-    packed = repack_weights(codes, wtype, GemmSchedule())
     sched = GemmSchedule(bm=bm, warps_m=warps_m, split=split, stages=2, k_slice=k_slice,
                          weights_shared=shared, fused_split=False)
-    x = rng.standard_normal((m, k)).astype(np.float16)
-    y = np.full((m, n), np.nan, np.float16)
-    ws = np.zeros((m, n), np.float32)
-    lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
-                                     **sched.constants()),
-                    m, n, k, x, packed, scales, zeros, y, ws, _counters(m, n))
-    if split > 1:
-        lowvm.interpret(finish_split.build(), m * n, ws, y)
-    ref = _reference(x, codes, scales, wtype, g, zeros if zero_point else None)
-    assert _rel(y, ref) < 2e-3
+    assert _interpret_gemm(wtype, sched, m, 19, zero_point=zero_point) < 2e-3
 
 
 def test_k_slice_must_divide_the_k_step():
