@@ -22,14 +22,9 @@ import numpy as np
 from lowvm.dtypes import DType, decode, encode
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
-from lowvm.kernels.quant_gemm import (
-    GemmSchedule,
-    finish_split,
-    finish_split_bf16,
-    quant_gemm,
-    quant_gemm_bf16,
-    repack_weights,
-)
+from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.quant_gemm import finish_split, finish_split_bf16, quant_gemm, quant_gemm_bf16
+from lowvm.kernels.weight_format import repack_weights
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
            "overlapped_launches",

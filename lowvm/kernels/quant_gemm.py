@@ -43,153 +43,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 import lowvm.lang as vm
-from lowvm.codegen.fast_cast import pair_span
-from lowvm.dtypes import DType, pack, unpack
-from lowvm.dtypes import dtype as as_dtype
+from lowvm.dtypes import DType
 from lowvm.expr import minimum
-from lowvm.ir import ProgramError
+from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
-from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs, swizzle_128b
+from lowvm.kernels.weight_format import (
+    FORMAT_BN,
+    FORMAT_WARPS_N,
+    WeightLayouts,
+    deinterleave_chunks,
+    interleave_chunks,
+    repack_index,
+    repack_weights,
+    schedule_layouts,
+    unpack_repacked,
+    weight_layouts,
+)
+from lowvm.layouts import reduce, swizzle_128b
 
+# the schedule and the weight format live in their own modules; their names stay
+# importable from here, where the program that uses them is
 __all__ = ["quant_gemm", "quant_gemm_bf16", "store_result", "finish_split", "finish_split_bf16",
            "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
-           "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks"]
+           "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks",
+           "WeightLayouts", "FORMAT_BN", "FORMAT_WARPS_N"]
 
-
-@dataclass(frozen=True)
-class GemmSchedule:
-    """The compile-time tiling of one :func:`quant_gemm` specialisation."""
-
-    bm: int = 16
-    bn: int = 64
-    bk: int = 128
-    warps_m: int = 1
-    warps_n: int = 4
-    split: int = 1
-    stages: int | None = None
-    prefetch: int = 1
-    #: weights (and scales) come through staged shared memory (``cp.async``, ``stages``
-    #: deep) instead of register prefetch buffers: more bytes in flight, fewer registers
-    weights_shared: bool = False
-    #: split-K sums finished inside the GEMM by the last block of each tile (vm.arrive);
-    #: False: by :func:`finish_split`, a second launch (measured faster at M = 64)
-    fused_split: bool = True
-    #: occupancy hint (``vm.set_min_blocks``): registers capped for this many blocks/SM
-    min_blocks: int = 1
-    #: K steps of x brought into shared memory per copy (and per pair of block-wide
-    #: barriers); 0: ``prefetch`` steps. A multiple of ``prefetch`` (register body only)
-    x_steps: int = 0
-    #: weights and scales of the step this many steps beyond the register buffers are
-    #: asked into the L2 (``vm.prefetch_l2``) each step: more bytes in flight per SM
-    #: without registers (register body only)
-    l2_ahead: int = 0
-    #: a K step's MMAs run over ``k_slice``-deep slices of x and of the converted weights
-    #: (``vm.extract``), so x is held one slice at a time: what lets one M-warp cover
-    #: bm = 64 rows and convert each weight once; 0: the whole step at once
-    k_slice: int = 0
-
-    def constants(self) -> dict[str, int | None]:
-        """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
-        c = {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
-             "warps_n": self.warps_n, "split": self.split, "stages": self.stages,
-             "prefetch": self.prefetch}
-        if self.weights_shared:
-            c["weights_shared"] = True
-        if not self.fused_split:
-            c["fused_split"] = False
-        if self.min_blocks > 1:
-            c["min_blocks"] = self.min_blocks
-        if self.x_steps:
-            c["x_steps"] = self.x_steps
-        if self.l2_ahead:
-            c["l2_ahead"] = self.l2_ahead
-        if self.k_slice:
-            c["k_slice"] = self.k_slice
-        return c
-
-    @property
-    def steps_per_copy(self) -> int:
-        """K steps per iteration of the main loop: the block's K steps are a multiple."""
-        return self.x_steps or self.prefetch
-
-
-@dataclass(frozen=True)
-class WeightLayouts:
-    """Register layouts of a weight tile: as loaded bytes and as MMA B-operand values."""
-
-    mma: BlockMmaLayouts
-    bytes_per_thread: int
-    rows: int  # threads with distinct bytes (warps along N x 32)
-    chunk: int  # bytes per load instruction (16, 8 or 4)
-    packed: RegisterLayout  # uint8 [vectors * rows, chunk]: vector v of thread t at row v*rows+t
-    values: RegisterLayout  # wtype [bk, bn]: mma.b's elements in stored order (stored_order)
-    packed_3d: RegisterLayout  # ``packed`` as uint8 [vectors, rows, chunk] (same local order)
-
-    @property
-    def vectors(self) -> int:
-        """Load instructions per thread per tile."""
-        return self.bytes_per_thread // self.chunk
-
-    @property
-    def tile_rows(self) -> int:
-        """Rows of ``chunk`` bytes one tile occupies in the repacked weight."""
-        return self.vectors * self.rows
-
-
-def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_n: int,
-                   adtype: DType = vm.float16) -> WeightLayouts:
-    """How a ``bk x bn`` tile of ``wtype`` sits in registers (see module docstring).
-
-    The B layout of m16n8k16 is the same for float16 and bfloat16, so one repacked
-    format serves both activation types.
-    """
-    lay = block_mma_layouts(bm, bn, bk, warps_m, warps_n, adtype)
-    bits = lay.b.local_size * wtype.nbits
-    if bits % 8:
-        raise ProgramError(
-            f"quant_gemm: a thread's {lay.b.local_size} {wtype.name} values are {bits} bits, "
-            "not whole bytes; use a larger bk or bn")
-    rows, nbytes = warps_n * 32, bits // 8
-    chunk = next(c for c in (16, 8, 4, 2, 1) if nbytes % c == 0)
-    # a thread's bytes are `vectors` chunks; chunk v of all threads is contiguous, so each
-    # load instruction of a warp reads 32 consecutive chunks (fully used sectors)
-    packed = local(nbytes // chunk, 1) * (reduce(spatial(warps_m, rows, 1), [0])
-                                          * local(1, chunk))
-    packed_3d = local(nbytes // chunk, 1, 1) * (reduce(spatial(warps_m, 1, rows, 1), [0])
-                                                * local(1, 1, chunk))
-    return WeightLayouts(lay, nbytes, rows, chunk, packed, stored_order(lay.b, wtype, adtype),
-                         packed_3d)
-
-
-def stored_order(values: RegisterLayout, wtype: DType, adtype: DType) -> RegisterLayout:
-    """The order a thread's codes are stored in: ``values`` (the MMA order), or for
-    1/2/4-bit integers its :func:`~lowvm.layouts.split_pairs` order, in which the
-    whole-word cast yields MMA register pairs directly (no ``prmt``); ``cast(...,
-    layout=values)`` turns one into the other by renaming registers."""
-    span = pair_span(wtype, adtype, values.local_size)
-    return values if span is None else split_pairs(values, span)
-
-
-def interleave_chunks(per_thread: Any, lw: WeightLayouts) -> Any:
-    """Bytes ``[tiles * rows, bytes_per_thread]`` (each thread's registers in order) ->
-    the stored order ``[tiles * vectors * rows, chunk]`` (numpy or torch)."""
-    v = lw.vectors
-    return per_thread.reshape(-1, lw.rows, v, lw.chunk).swapaxes(1, 2).reshape(-1, lw.chunk)
-
-
-def deinterleave_chunks(stored: Any, lw: WeightLayouts) -> Any:
-    """The inverse of :func:`interleave_chunks`."""
-    v = lw.vectors
-    return stored.reshape(-1, v, lw.rows, lw.chunk).swapaxes(1, 2).reshape(
-        -1, lw.bytes_per_thread)
-
-
-#: the repacked format's N tile and its warps (16 columns each): every schedule reads it
-FORMAT_BN = 64
-FORMAT_WARPS_N = 4
 
 
 @dataclass(frozen=True)
@@ -532,53 +411,3 @@ def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16])
 def finish_split_bf16(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.bfloat16]):
     """``y = bfloat16(ws); ws = 0`` (the epilogue of :func:`quant_gemm_bf16`)."""
     _finish(total, ws, y, vm.bfloat16)
-
-
-# ---------------------------------------------------------------------------------------
-# offline weight repacking (host, numpy) and its inverse
-
-
-def repack_index(wtype: DType | str, n: int, schedule: GemmSchedule
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Where a repacked K tile's values come from: ``(rows [NT, T, L], cols [T, L])``.
-
-    Tile ``kt`` of the repacked weight is ``pack(codes[rows, kt * bk + cols])``: for each
-    N tile, each thread with distinct data (T of them) and each of its L values in
-    register order. One K tile at a time keeps the index arrays small.
-    """
-    lw = schedule_layouts(wtype, schedule)
-    table = np.asarray(lw.values.table[: lw.rows])  # [T, L, (k, n)]
-    rows = np.arange(n // schedule.bn)[:, None, None] * schedule.bn + table[None, :, :, 1]
-    return rows, table[:, :, 0]
-
-
-def schedule_layouts(wtype: DType | str, schedule: GemmSchedule) -> WeightLayouts:
-    """:func:`weight_layouts` of a schedule."""
-    s = schedule
-    return weight_layouts(as_dtype(wtype), s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
-
-
-def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
-                   ) -> np.ndarray:
-    """Codes ``[N, K]`` (integers of ``wtype``) -> repacked bytes for :func:`quant_gemm`."""
-    wt = as_dtype(wtype)
-    n, k = codes.shape
-    rows, cols = repack_index(wt, n, schedule)
-    stream = np.stack([codes[rows, kt * schedule.bk + cols] for kt in range(k // schedule.bk)])
-    lw = schedule_layouts(wt, schedule)
-    per_thread = pack(stream.reshape(-1), wt).reshape(-1, lw.bytes_per_thread)
-    return interleave_chunks(per_thread, lw)
-
-
-def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
-                    schedule: GemmSchedule) -> np.ndarray:
-    """The inverse of :func:`repack_weights`: codes ``[N, K]``."""
-    wt = as_dtype(wtype)
-    rows, cols = repack_index(wt, n, schedule)
-    tiles = k // schedule.bk
-    per_thread = deinterleave_chunks(packed, schedule_layouts(wt, schedule))
-    values = unpack(per_thread.reshape(-1), wt, tiles * rows.size).reshape(tiles, *rows.shape)
-    codes = np.zeros((n, k), dtype=values.dtype)
-    for kt in range(tiles):
-        codes[rows, kt * schedule.bk + cols] = values[kt]
-    return codes

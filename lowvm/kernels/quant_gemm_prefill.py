@@ -36,8 +36,10 @@ from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
+from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.mma_tiling import block_mma_layouts
-from lowvm.kernels.quant_gemm import GemmSchedule, WeightLayouts, store_result, weight_layouts
+from lowvm.kernels.quant_gemm import store_result
+from lowvm.kernels.weight_format import WeightLayouts, weight_layouts
 from lowvm.layouts import (
     RegisterLayout,
     SharedLayout,

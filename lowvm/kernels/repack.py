@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import lowvm.lang as vm
 from lowvm.dtypes import DType, dtype
-from lowvm.kernels.quant_gemm import GemmSchedule, schedule_layouts
+from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.weight_format import schedule_layouts
 from lowvm.layouts import permute
 
 __all__ = ["repack_program", "unpack_program"]

@@ -28,7 +28,8 @@ import torch
 
 from lowvm.dtypes import DType
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights, unpack_repacked
+from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.weight_format import repack_weights, unpack_repacked
 from lowvm.nn.errors import QuantizationError
 
 __all__ = ["KernelFormat", "kernel_format"]

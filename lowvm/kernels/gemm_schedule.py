@@ -1,0 +1,67 @@
+"""The compile-time tiling of :func:`~lowvm.kernels.quant_gemm.quant_gemm`: one dataclass
+that benchmarks, the tuner and the library pass around, kept apart from the program so
+that choosing a schedule needs no kernel code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GemmSchedule"]
+
+
+@dataclass(frozen=True)
+class GemmSchedule:
+    """The compile-time tiling of one :func:`quant_gemm` specialisation."""
+
+    bm: int = 16
+    bn: int = 64
+    bk: int = 128
+    warps_m: int = 1
+    warps_n: int = 4
+    split: int = 1
+    stages: int | None = None
+    prefetch: int = 1
+    #: weights (and scales) come through staged shared memory (``cp.async``, ``stages``
+    #: deep) instead of register prefetch buffers: more bytes in flight, fewer registers
+    weights_shared: bool = False
+    #: split-K sums finished inside the GEMM by the last block of each tile (vm.arrive);
+    #: False: by :func:`finish_split`, a second launch (measured faster at M = 64)
+    fused_split: bool = True
+    #: occupancy hint (``vm.set_min_blocks``): registers capped for this many blocks/SM
+    min_blocks: int = 1
+    #: K steps of x brought into shared memory per copy (and per pair of block-wide
+    #: barriers); 0: ``prefetch`` steps. A multiple of ``prefetch`` (register body only)
+    x_steps: int = 0
+    #: weights and scales of the step this many steps beyond the register buffers are
+    #: asked into the L2 (``vm.prefetch_l2``) each step: more bytes in flight per SM
+    #: without registers (register body only)
+    l2_ahead: int = 0
+    #: a K step's MMAs run over ``k_slice``-deep slices of x and of the converted weights
+    #: (``vm.extract``), so x is held one slice at a time: what lets one M-warp cover
+    #: bm = 64 rows and convert each weight once; 0: the whole step at once
+    k_slice: int = 0
+
+    def constants(self) -> dict[str, int | None]:
+        """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
+        c = {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
+             "warps_n": self.warps_n, "split": self.split, "stages": self.stages,
+             "prefetch": self.prefetch}
+        if self.weights_shared:
+            c["weights_shared"] = True
+        if not self.fused_split:
+            c["fused_split"] = False
+        if self.min_blocks > 1:
+            c["min_blocks"] = self.min_blocks
+        if self.x_steps:
+            c["x_steps"] = self.x_steps
+        if self.l2_ahead:
+            c["l2_ahead"] = self.l2_ahead
+        if self.k_slice:
+            c["k_slice"] = self.k_slice
+        return c
+
+    @property
+    def steps_per_copy(self) -> int:
+        """K steps per iteration of the main loop: the block's K steps are a multiple."""
+        return self.x_steps or self.prefetch
+
