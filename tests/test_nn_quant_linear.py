@@ -190,3 +190,18 @@ def test_bfloat16_scales_are_cast_once_per_layer_and_again_after_an_in_place_cha
     del layer, scales, s1, s2, s3, z1, z2
     gc.collect()
     assert key not in backend._CONVERTED  # freed with the layer's scales
+
+
+def test_bfloat16_scales_of_inference_mode_layers_are_cast_per_call():
+    """Inference tensors have no version counter to watch: no cache, still right."""
+    import lowvm.dtypes
+    from lowvm.nn import backend
+    from lowvm.nn.packed import PackedLinear
+
+    with torch.inference_mode():
+        scales = torch.rand(4, 64, dtype=torch.float16)
+    layer = PackedLinear(torch.zeros(1, dtype=torch.uint8), scales, None, None,
+                         lowvm.dtypes.int4, 128, 512)
+    s1, z1 = backend._scales_as(layer, torch.bfloat16)
+    assert z1 is None and torch.equal(s1, scales.bfloat16())
+    assert (id(scales), torch.bfloat16) not in backend._CONVERTED

@@ -11,7 +11,8 @@ __all__ = ["GemmSchedule"]
 
 @dataclass(frozen=True)
 class GemmSchedule:
-    """The compile-time tiling of one :func:`quant_gemm` specialisation."""
+    """The compile-time tiling of one :func:`~lowvm.kernels.quant_gemm.quant_gemm`
+    specialisation."""
 
     bm: int = 16
     bn: int = 64

@@ -97,8 +97,11 @@ def _scales_as(layer: PackedLinear, dtype: torch.dtype) -> tuple[torch.Tensor, A
     scales, zeros = layer.scales, layer.zeros
     if scales.dtype == dtype and (zeros is None or zeros.dtype == dtype):
         return scales, zeros
+    try:
+        versions = (scales._version, None if zeros is None else zeros._version)
+    except RuntimeError:  # inference-mode tensors keep no version counter: cast per call
+        return scales.to(dtype), None if zeros is None else zeros.to(dtype)
     key = (id(scales), dtype)
-    versions = (scales._version, None if zeros is None else zeros._version)
     hit = _CONVERTED.get(key)
     if hit is None or hit[0]() is not scales or hit[1] is not zeros or hit[2] != versions:
         if hit is None:  # drop the copy with the layer's scales
