@@ -16,6 +16,7 @@ current stream and read torch tensors directly.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -47,18 +48,13 @@ _PARAM_SIZE = {"pointer": 8, "scalar": 4}
 _host_fns: list[Any] = [None, None]
 
 
-_OVERLAPS: dict[int, bool] = {}
-
-
+@functools.cache
 def _overlaps(device: int) -> bool:
     """Whether ``device`` runs programmatic dependent launches (compute capability 9+)."""
-    have = _OVERLAPS.get(device)
-    if have is None:
-        attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-        handle = _drv.check(cu.cuDeviceGet(device), f"cuDeviceGet({device})")
-        major = _drv.check(cu.cuDeviceGetAttribute(attr, handle), "cuDeviceGetAttribute")
-        have = _OVERLAPS[device] = int(major) >= 9
-    return have
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+    handle = _drv.check(cu.cuDeviceGet(device), f"cuDeviceGet({device})")
+    major = _drv.check(cu.cuDeviceGetAttribute(attr, handle), "cuDeviceGetAttribute")
+    return int(major) >= 9
 
 
 class Kernel:
@@ -306,21 +302,11 @@ class Kernel:
             handle = _drv.stream_handle(stream)
         params = self._param_block(values)
         overlap = overlap and _overlaps(device)
-        if overlap:
-            err = self._launch_overlapped(fn, (gx, gy, gz), handle, params)
-        else:
-            (err,) = cu.cuLaunchKernel(
-                fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
-            )
+        err = self._start(fn, (gx, gy, gz), handle, params, overlap)
         if err:
             if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
                 _drv.ensure_context(device)
-                if overlap:
-                    err = self._launch_overlapped(fn, (gx, gy, gz), handle, params)
-                else:
-                    (err,) = cu.cuLaunchKernel(
-                        fn, gx, gy, gz, self._block, 1, 1, self._smem, handle, params, 0
-                    )
+                err = self._start(fn, (gx, gy, gz), handle, params, overlap)
             if err:
                 raise CudaDriverError(
                     f"cuLaunchKernel{'Ex' if overlap else ''}({self._name!r}, "
@@ -331,9 +317,14 @@ class Kernel:
 
     __call__ = launch
 
-    def _launch_overlapped(self, fn: Any, grid: tuple[int, int, int], stream: Any,
-                           params: int) -> Any:
-        """``cuLaunchKernelEx`` with programmatic stream serialization allowed."""
+    def _start(self, fn: Any, grid: tuple[int, int, int], stream: Any, params: int,
+               overlap: bool) -> Any:
+        """One launch attempt: ``cuLaunchKernel``, or ``cuLaunchKernelEx`` with
+        programmatic stream serialization allowed when ``overlap``; the driver's code."""
+        if not overlap:
+            (err,) = cu.cuLaunchKernel(fn, *grid, self._block, 1, 1, self._smem, stream,
+                                       params, 0)
+            return err
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
