@@ -93,7 +93,17 @@ class _Block:
         return (kt * self.n_tiles + vm.block_index(0)) * self.lw.tile_rows
 
     def load_weights(self, kt: Any) -> Any:
-        """This block's packed weights of K step ``kt`` (layout ``lw.packed``).
+        """This block's packed weights of K step ``kt`` (layout ``lw.packed``)."""
+        offsets, shape, layout = self._weight_tile(kt)
+        return vm.load_global(self.gw, offsets, shape, layout, inbounds=True)
+
+    def prefetch_weights(self, kt: Any) -> None:
+        """Ask the L2 for the bytes :meth:`load_weights` will read at K step ``kt``."""
+        offsets, shape, _ = self._weight_tile(kt)
+        vm.prefetch_l2(self.gw, offsets, shape)
+
+    def _weight_tile(self, kt: Any) -> tuple[list, list[int], Any]:
+        """(offsets, shape, layout) of K step ``kt``'s weights in ``gw``.
 
         A block narrower than the format's tile (``bn`` = 16 or 32: 1 or 2 warps of 16
         columns) reads its warps' rows of each of the tile's ``vectors`` row groups, through
@@ -101,25 +111,11 @@ class _Block:
         order, as a full-width block's warps would hold."""
         lw = self.lw
         if self.parts == 1:
-            return vm.load_global(self.gw, [self.weight_row(kt), 0],
-                                  [lw.tile_rows, lw.chunk], lw.packed, inbounds=True)
-        offsets, shape = self._narrow_tile(kt)
-        return vm.load_global(self.gw, offsets, shape, lw.packed_3d, inbounds=True)
-
-    def prefetch_weights(self, kt: Any) -> None:
-        """Ask the L2 for the bytes :meth:`load_weights` will read at K step ``kt``."""
-        lw = self.lw
-        if self.parts == 1:
-            vm.prefetch_l2(self.gw, [self.weight_row(kt), 0], [lw.tile_rows, lw.chunk])
-        else:
-            vm.prefetch_l2(self.gw, *self._narrow_tile(kt))
-
-    def _narrow_tile(self, kt: Any) -> tuple[list, list[int]]:
-        """(offsets, shape) of a narrow block's rows of K step ``kt`` in the 3-D view."""
-        lw = self.lw
+            return [self.weight_row(kt), 0], [lw.tile_rows, lw.chunk], lw.packed
         nt, part = vm.block_index(0) // self.parts, vm.block_index(0) % self.parts
         group0 = (kt * (self.n_tiles // self.parts) + nt) * lw.vectors
-        return [group0, part * lw.rows, 0], [lw.vectors, lw.rows, lw.chunk]
+        return ([group0, part * lw.rows, 0], [lw.vectors, lw.rows, lw.chunk],
+                lw.packed_3d)
 
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
@@ -190,12 +186,15 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     last = b.k_tile0 + b.k_steps - 1
 
+    # (group tensor, its register layout): the scales, and the zeros with zero points
+    groups = [(b.gs, scale_layout)] + ([(b.gz, group_layout)] if zero_point else [])
+
     def ask_l2(kt):
         """Prefetch K step kt's weights, scales (and zeros) into the L2 (clamped like
         step_data)."""
         kt = minimum(kt, last)
         b.prefetch_weights(kt)
-        for t in (b.gs, b.gz) if zero_point else (b.gs,):
+        for t, _ in groups:
             vm.prefetch_l2(t, [kt * bk // group, b.col0], [1, bn])
 
     def step_data(kt):
@@ -204,11 +203,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         spares the CUDA code a bounds test per load)."""
         kt = minimum(kt, last)
         g = [kt * bk // group, b.col0]
-        data = [b.load_weights(kt),
-                vm.load_global(b.gs, g, [1, bn], scale_layout, inbounds=True)]
-        if zero_point:
-            data.append(vm.load_global(b.gz, g, [1, bn], group_layout, inbounds=True))
-        return data
+        return [b.load_weights(kt)] + [vm.load_global(t, g, [1, bn], layout, inbounds=True)
+                                       for t, layout in groups]
 
     # `prefetch` K steps of weights and scales in flight per thread, in round-robin
     # register buffers: step s uses buffer s % prefetch and then reloads it for step
