@@ -351,12 +351,8 @@ class PrefetchL2(Instruction):
         threads = cg.program.num_threads
         with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
             cg.line(f"const int f = (e % {sectors}) * {per};")
-            index = [f"f / {width}", f"f % {width}"] if merged else ["f"]
-            rest = f"(e / {sectors})"
-            for d in reversed(range(len(outer))):
-                cg.line(f"const int j{d} = {rest} % {outer[d]};")
-                index.insert(0, f"j{d}")
-                rest = f"({rest} / {outer[d]})"
+            index = _unravel(cg, f"e / {sectors}", outer) + (
+                [f"f / {width}", f"f % {width}"] if merged else ["f"])
             ref, inside = global_ref(cg, self.src, self.offsets, index)
             cg.line(f'if ({inside}) asm volatile("prefetch.global.L2 [%0];" :: '
                     f'"l"(&{ref}));')
@@ -426,12 +422,7 @@ class CopyAsync(Instruction):
         total = int(np.prod(shape))
         threads = cg.program.num_threads
         with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
-            rest = "e"
-            index = []
-            for d in reversed(range(len(shape))):
-                cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
-                index.insert(0, f"j{d}")
-                rest = f"({rest}) / {shape[d]}"
+            index = _unravel(cg, "e", shape)
             ref, inside = global_ref(cg, self.src, self.offsets, index)
             lead = self.dst.rank - len(shape)
             start = [cg.expr(o) for o in self.dst_start]
@@ -498,6 +489,17 @@ def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
         conds.append(f"i{d} >= 0 && i{d} < {cg.expr(tensor.layout.shape[d])}")
         terms.append(f"(lowvm_i64)i{d} * {cg.expr(tensor.layout.strides[d])}")
     return f"{tensor.pointer.name}[{' + '.join(terms)}]", " && ".join(conds)
+
+
+def _unravel(cg: CudaContext, flat: str, shape) -> list[str]:
+    """Emit ``j0 ..`` = the row-major index of the flat element ``flat`` in ``shape``;
+    return their names."""
+    names, rest = [], flat
+    for d in reversed(range(len(shape))):
+        cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
+        names.insert(0, f"j{d}")
+        rest = f"({rest}) / {shape[d]}"
+    return names
 
 
 def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: RegisterTensor,
