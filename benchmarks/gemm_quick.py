@@ -21,6 +21,7 @@ from timing import median_us
 
 from lowvm.dtypes import decode
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.kernels.gemm_schedule import GemmSchedule, with_fields
 from lowvm.kernels.library import (
     choose_prefill_schedule,
     choose_schedule,
@@ -30,7 +31,6 @@ from lowvm.kernels.library import (
     quant_linear,
     quantize_to_codes,
 )
-from lowvm.kernels.quant_gemm import GemmSchedule
 
 SHAPES = [(4096, 28672), (4096, 6144), (14336, 4096), (8192, 10240), (28672, 8192)]
 
@@ -103,12 +103,7 @@ def parse_variant(spec: str, base: GemmSchedule) -> GemmSchedule:
     if spec == "base":
         return base
     if "=" in spec:  # field=value/field=value...: any GemmSchedule fields (stages 0: none)
-        fields = {}
-        for item in spec.split("/"):
-            key, value = item.split("=")
-            fields[key] = bool(int(value)) if key in ("weights_shared", "fused_split") else (
-                int(value) or None if key == "stages" else int(value))
-        return dataclasses.replace(base, **fields)
+        return with_fields(base, spec)
     sp, *rest = spec.split(":")
     depth, st, shared, mb, *more = (int(v) for v in rest)
     width = more[0] if more and more[0] else base.bn

@@ -14,7 +14,6 @@ Usage: python benchmarks/sass_profile.py --m 1 --n 28672 --k 4096 [--type int3]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ from pathlib import Path
 import lowvm
 from lowvm.codegen.cuda import generate_cuda
 from lowvm.instructions import INSTRUCTIONS, OPS
+from lowvm.kernels.gemm_schedule import with_fields
 from lowvm.kernels.library import choose_schedule
 from lowvm.kernels.quant_gemm import quant_gemm
 
@@ -111,13 +111,8 @@ def main() -> None:
                     "schedule, field=value/field=value (stages=0: none)")
     ap.add_argument("--arch", default="sm_90")
     args = ap.parse_args()
-    s = choose_schedule(args.m, args.n, args.k, min(128, args.group))
-    for item in filter(None, args.variant.split("/")):
-        key, value = item.split("=")
-        s = dataclasses.replace(s, **{key: (int(value) or None) if key == "stages" else
-                                      bool(int(value)) if key in ("weights_shared",
-                                                                  "fused_split")
-                                      else int(value)})
+    s = with_fields(choose_schedule(args.m, args.n, args.k, min(128, args.group)),
+                    args.variant)
     source = generate_cuda(quant_gemm.build(wtype=lowvm.dtype(args.type), group=args.group,
                                             **s.constants())).source
     per_inst, per_op, total = loop_profile(executed_path(source), args.arch)

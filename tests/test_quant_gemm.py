@@ -642,3 +642,13 @@ def test_overlap_is_dropped_for_the_call_that_casts_the_scales():
             library._run(torch.zeros(1, 128, dtype=dtype), qw, None, planner)
     library._run(torch.zeros(1, 128, dtype=torch.float16), qw, None, planner)
     assert launched == [False, True, True, False]
+
+
+def test_schedules_named_by_fields():
+    """The benchmark scripts' field=value/... names (stages 0: none; flags 0/1)."""
+    from lowvm.kernels.gemm_schedule import with_fields
+
+    base = GemmSchedule(split=8, stages=4)
+    assert with_fields(base, "") == base
+    assert with_fields(base, "bm=64/warps_m=1/k_slice=16/stages=0/fused_split=0") == \
+        GemmSchedule(bm=64, warps_m=1, split=8, k_slice=16, stages=None, fused_split=False)

@@ -4,9 +4,9 @@ that choosing a schedule needs no kernel code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-__all__ = ["GemmSchedule"]
+__all__ = ["GemmSchedule", "with_fields"]
 
 
 @dataclass(frozen=True)
@@ -66,3 +66,14 @@ class GemmSchedule:
         """K steps per iteration of the main loop: the block's K steps are a multiple."""
         return self.x_steps or self.prefetch
 
+
+def with_fields(base: GemmSchedule, spec: str) -> GemmSchedule:
+    """``base`` with the fields named in ``spec``, ``field=value/field=value`` (integers;
+    ``stages=0``: none; ``weights_shared`` and ``fused_split`` 0 or 1): how the benchmark
+    scripts' command lines name schedules. An empty ``spec`` is ``base``."""
+    fields: dict[str, object] = {}
+    for item in filter(None, spec.split("/")):
+        key, value = item.split("=")
+        fields[key] = (bool(int(value)) if key in ("weights_shared", "fused_split")
+                       else int(value) or None if key == "stages" else int(value))
+    return replace(base, **fields)
