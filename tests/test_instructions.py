@@ -1006,6 +1006,26 @@ def test_extract_names_what_does_not_fit(fields, message):
         extract_half.build(**fields)
 
 
+def test_extract_and_prefetch_l2_refuse_wrong_operands():
+    @vm.program(warps=1)
+    def runtime_offset(x: vm.ptr[vm.float32], n: vm.int32):
+        t = vm.load_global(vm.global_view(x, [16, 8]), [0, 0], [16, 8], L16x8_HALVES)
+        vm.extract(t, [n, 0], [8, 8], L8x8)
+
+    with pytest.raises(lowvm.ProgramError, match=r"extract: offsets must be compile-time "
+                                                 r"integers, got \[n, 0\]"):
+        runtime_offset.build()
+
+    @vm.program(warps=1)
+    def prefetch_registers(x: vm.ptr[vm.float32]):
+        t = vm.load_global(vm.global_view(x, [16, 8]), [0, 0], [16, 8], L16x8_HALVES)
+        vm.prefetch_l2(t, [0, 0], [16, 8])
+
+    with pytest.raises(lowvm.ProgramError, match="prefetch_l2: src must be a global tensor, "
+                                                 "got RegisterTensor"):
+        prefetch_registers.build()
+
+
 def test_split_pairs_lists_even_then_odd_locals_of_each_run():
     lay = vm.spatial(8, 4).local(2, 4)  # 8 locals per thread
     for span in (2, 4, 8):
