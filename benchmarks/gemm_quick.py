@@ -79,12 +79,14 @@ def weight_copies(qw, wbytes: int, total: int = 256 * 2**20) -> list:
                    for _ in range(count - 1)]
 
 
-def schedules_to_time(args, base: GemmSchedule, m: int) -> list[GemmSchedule]:
+def schedules_to_time(args, base: GemmSchedule, m: int,
+                      streamed: GemmSchedule | None = None) -> list[GemmSchedule]:
     """The schedules the options ask for at batch ``m``, from the chosen one ``base``:
     ``--variants`` when given, else the sweeps of --splits/--prefetch/--stages/
-    --weights-shared."""
+    --weights-shared. ``streamed``: the choice without ``x_whole`` ('streamed' variants)."""
     if args.variants:
-        return [parse_variant(spec, base) for spec in args.variants.split(",")]
+        return [parse_variant(spec, base, streamed or base)
+                for spec in args.variants.split(",")]
     splits = sorted({1, 2, 4, 8, base.split}) if args.splits and m <= 16 else [base.split]
     depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
     stages = [int(v) or None for v in args.stages.split(",") if v] or [base.stages]
@@ -98,10 +100,13 @@ def schedules_to_time(args, base: GemmSchedule, m: int) -> list[GemmSchedule]:
                                 min_blocks=1) for sp, d, st, sh in variants]
 
 
-def parse_variant(spec: str, base: GemmSchedule) -> GemmSchedule:
+def parse_variant(spec: str, base: GemmSchedule, streamed: GemmSchedule | None = None
+                  ) -> GemmSchedule:
     """One ``--variants`` item (see its help) as a schedule."""
     if spec == "base":
         return base
+    if spec.startswith("streamed"):  # streamed, or streamed/field=value/...
+        return with_fields(streamed or base, spec[len("streamed"):])
     if "=" in spec:  # field=value/field=value...: any GemmSchedule fields (stages 0: none)
         return with_fields(base, spec)
     sp, *rest = spec.split(":")
@@ -152,7 +157,9 @@ def main() -> None:
     ap.add_argument("--prefetch", default="", help="prefetch depths to sweep (default: the "
                     "schedule's)")
     ap.add_argument("--variants", default="", help="schedules to time instead of the "
-                    "sweeps above, comma separated: 'base' (the chosen one) or split:prefetch:"
+                    "sweeps above, comma separated: 'base' (the chosen one), 'streamed' (the "
+                    "choice with x streamed, not x_whole; may be followed by /field=value) or "
+                    "split:prefetch:"
                     "stages:weights_shared:min_blocks[:bn[:x_steps[:l2_ahead]]] (split 0: the "
                     "chosen one's, d: twice it, <= 8; stages 0: none; bn 16/32: narrow "
                     "blocks, 0: the chosen one's; x_steps: K steps of x per copy, 0: "
@@ -190,8 +197,9 @@ def main() -> None:
             for m in [int(v) for v in args.ms.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.float16)
                 base = choose_schedule(m, n, k, qw.bk)
+                streamed = choose_schedule(m, n, k, qw.bk, x_whole=False)
                 ref = (x.float() @ deq.T)
-                for s in schedules_to_time(args, base, m):
+                for s in schedules_to_time(args, base, m, streamed):
                     if (k // s.bk) % (s.split * s.steps_per_copy):
                         print(f"skipped {s}: K / bk = {k // s.bk} steps is not a multiple "
                               f"of split x steps per copy = {s.split * s.steps_per_copy}",
@@ -216,6 +224,7 @@ def main() -> None:
                                      weights_shared=s.weights_shared,
                                      min_blocks=s.min_blocks, bn=s.bn, x_steps=s.x_steps,
                                      l2_ahead=s.l2_ahead, k_slice=s.k_slice,
+                                     x_whole=s.x_whole, x_rows=s.x_rows,
                                      warps_m=s.warps_m,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      overlap=args.overlap,

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 import lowvm
+from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 
@@ -28,9 +29,13 @@ zeros = rng.integers(0, 16, size=(k // group, n)).astype(np.float16)
 weight = prepare_weight(codes, gscales, "uint4", group, zeros=zeros)
 for rows in (3, 130):
     xs = torch.randn(rows, k, device="cuda", dtype=torch.float16)
-    base = choose_schedule(rows, n, k, weight.bk)
-    for split, prefetch in ((1, 1), (2, 4 if rows <= 16 else 1)):
-        s = dataclasses.replace(base, split=split, prefetch=prefetch)
-        out = quant_linear(xs, weight, s)
+    for base in (choose_schedule(rows, n, k, weight.bk),  # x_whole where it fits
+                 choose_schedule(rows, n, k, weight.bk, x_whole=False)):
+        for split, prefetch in ((1, 1), (2, 4 if rows <= 16 else 1)):
+            s = dataclasses.replace(base, split=split, prefetch=prefetch,
+                                    x_whole=k // split if base.x_whole else 0)
+            out = quant_linear(xs, weight, s)
+    # one x row read as all 16, a block per row of y (3 of them)
+    out = quant_linear(xs, weight, GemmSchedule(split=2, prefetch=2, x_whole=k // 2, x_rows=1))
 torch.cuda.synchronize()
 print("sanitize targets ran; y[0, :4] =", y[0, :4].tolist(), "out[0, :2] =", out[0, :2].tolist())

@@ -45,6 +45,15 @@ EXAMPLES = {
     # weights asked into the L2 two steps beyond the registers (vm.prefetch_l2)
     "quant_gemm_int4_l2_ahead": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
         split=8, stages=4, l2_ahead=2).constants()}),
+    # x held for the block's whole K range: one row read as all 16 (M = 1), 16 rows in
+    # swizzled slabs (M <= 16 on split shapes), int8 the widest weights
+    "quant_gemm_int4_x_whole_one_row": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        prefetch=2, x_whole=4096, x_rows=1).constants()}),
+    "quant_gemm_uint4_zeros_x_whole": (quant_gemm, {"wtype": lowvm.uint4, "zero_point": True,
+                                                    **GemmSchedule(split=8, prefetch=2,
+                                                                   x_whole=512).constants()}),
+    "quant_gemm_int8_x_whole_one_row": (quant_gemm, {"wtype": lowvm.int8, **GemmSchedule(
+        split=8, prefetch=2, x_whole=1792, x_rows=1).constants()}),
     "finish_split": (finish_split, {}),
     "repack_int4": (repack_program, {"wtype": lowvm.int4}),
     "repack_e3m2_bk32": (repack_program, {"wtype": lowvm.float6_e3m2, "bk": 32}),

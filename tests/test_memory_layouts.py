@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import lowvm
+import lowvm.lang as vm
 from lowvm.errors import LayoutError, LowvmError
 from lowvm.expr import ExprError, Var, evaluate, free_vars, select
 from lowvm.layouts import (
@@ -91,3 +92,47 @@ def test_expressions_fold_and_follow_c_division():
         bool(n < 3)
     with pytest.raises(LowvmError, match="'n'"):
         evaluate(n + 1, {})
+
+
+# ---------------------------------------------------------------------------------------
+# a shared layout with a stride-0 dim: one stored row read as every row
+
+
+@vm.program(warps=1)
+def broadcast_rows(x: vm.ptr[vm.float16], y: vm.ptr[vm.float16], stored_rows: int = 1,
+                   by_copy: bool = True):
+    """y[r, :] = x[0, :] for 16 rows, through a [16, 16] shared tile whose rows all lie
+    on one row of storage (strides [0, 1])."""
+    vm.set_grid(1)
+    s = vm.shared_tensor(vm.float16, [16, 16], vm.shared_strided([16, 16], [0, 1]))
+    gx = vm.global_view(x, [16, 16])
+    if by_copy:
+        vm.copy_async(s, gx, [0, 0], shape=[stored_rows, 16])
+        vm.commit_group()
+        vm.wait_group(0)
+    else:
+        vm.store_shared(s, vm.load_global(gx, [0, 0], [stored_rows, 16]))
+    vm.sync()
+    vm.store_global(vm.global_view(y, [16, 16]), vm.load_shared(s, vm.spatial(16, 2).local(1, 8)))
+
+
+@pytest.mark.parametrize("by_copy", [True, False])
+def test_a_stride_0_shared_dim_reads_one_stored_row_as_every_row(by_copy):
+    x = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float16)
+    y = np.zeros((16, 16), np.float16)
+    lowvm.interpret(broadcast_rows, x, y, by_copy=by_copy)
+    assert np.array_equal(y, np.broadcast_to(x[:1], (16, 16)))
+
+
+@pytest.mark.parametrize("by_copy", [True, False])
+def test_writing_two_rows_onto_one_stride_0_row_raises(by_copy):
+    x = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float16)
+    with pytest.raises(lowvm.InterpretError, match="writes two different elements of the tile "
+                                                   "to one address"):
+        lowvm.interpret(broadcast_rows, x, np.zeros((16, 16), np.float16), stored_rows=2,
+                        by_copy=by_copy)
+
+
+def test_a_stride_0_shared_tile_compiles_for_sm_80():
+    src = lowvm.compile(broadcast_rows, arch="sm_80").source
+    assert "cp.async" in src

@@ -70,7 +70,7 @@ def _interpret_gemm(wtype, sched: GemmSchedule, m: int, seed: int, k: int = 512,
     x = rng.standard_normal((m, k)).astype(np.float16)
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
-    counters = np.zeros(-(-m // sched.bm) * (n // sched.bn), np.int32)
+    counters = np.zeros(-(-m // sched.rows) * (n // sched.bn), np.int32)
     lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
                                      **sched.constants()),
                     m, n, k, x, packed, scales, zeros, y, ws, counters)
@@ -123,6 +123,80 @@ def test_k_slices_in_the_interpreter(wtype, bm, warps_m, k_slice, split, m, zero
     sched = GemmSchedule(bm=bm, warps_m=warps_m, split=split, stages=2, k_slice=k_slice,
                          weights_shared=shared, fused_split=False)
     assert _interpret_gemm(wtype, sched, m, 19, zero_point=zero_point) < 2e-3
+
+
+@pytest.mark.parametrize("wtype,split,m,prefetch,x_whole,x_rows,zero_point,fused", [
+    ("int4", 1, 1, 1, 512, 1, False, True), ("uint4", 2, 3, 2, 256, 1, True, True),
+    ("int3", 2, 1, 1, 384, 1, False, False),  # x_whole past the block's K range
+    ("float6_e3m2", 1, 5, 2, 512, 0, False, True), ("int8", 2, 17, 1, 256, 16, False, True),
+    ("uint2", 4, 16, 1, 128, 0, True, False)])
+def test_x_whole_in_the_interpreter(wtype, split, m, prefetch, x_whole, x_rows, zero_point,
+                                    fused):
+    """x for the block's whole K range held in shared memory (no copy in the loop): one
+    row read as all 16 (x_rows=1; a block per row of y, so m = 3 is three blocks) or 16
+    swizzled slabs; split-K fused and through finish_split."""
+    sched = GemmSchedule(split=split, prefetch=prefetch, x_whole=x_whole, x_rows=x_rows,
+                         fused_split=fused)
+    assert sched.rows == (x_rows or 16)
+    assert _interpret_gemm(wtype, sched, m, 23, zero_point=zero_point) < 2e-3
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"x_rows": 1}, "x_rows=1 reads one row of x as every row of the MMA tile, which needs "
+                    "x_whole"),
+    ({"x_rows": 4, "x_whole": 512}, "x_rows=4 must be 0 \\(bm\\), 1 or bm=16"),
+    ({"x_whole": 200}, "x_whole=200 must be 0 \\(x copied per step\\) or a positive multiple "
+                       "of bk=128"),
+    ({"x_whole": 512, "stages": 2}, "x_whole copies x once .* stages must be off"),
+    ({"x_whole": 512, "x_steps": 2, "prefetch": 2}, "x_whole copies x once"),
+    ({"x_whole": 512, "weights_shared": True}, "x_whole copies x once")])
+def test_x_whole_options_out_of_range_are_named(fields, message):
+    with pytest.raises(ProgramError, match=message):
+        quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(**fields).constants())
+
+
+def test_x_whole_one_row_is_read_with_ldmatrix_and_the_loop_has_no_copy():
+    """The stride-0 layout of one x row still selects ldmatrix (every row address the
+    same), and the main loop keeps neither cp.async nor a barrier."""
+    from lowvm.codegen import generate_cuda
+
+    src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
+        split=8, prefetch=2, x_whole=512, x_rows=1).constants())).source
+    loop = src[src.index("for (int i"):]
+    loop = loop[:loop.index("// %g")]  # up to the result's global views after the loop
+    assert "ldmatrix.sync" in loop and "mma.sync" in loop
+    assert "cp.async" not in loop and "__syncthreads" not in loop
+    assert src.count("cp.async.cg.shared.global") >= 1  # the one copy, before the loop
+
+
+def test_choose_schedule_holds_x_whole_where_it_fits():
+    one = choose_schedule(1, 28672, 4096, 128)
+    assert (one.x_whole, one.x_rows, one.rows, one.stages) == (4096, 1, 1, None)
+    down = choose_schedule(1, 4096, 14336, 128)
+    assert down.x_rows == 1 and down.x_whole == 14336 // down.split
+    qkv = choose_schedule(16, 6144, 4096, 128)  # 16 rows x 512 columns: 16 KB
+    assert qkv.x_whole == 4096 // qkv.split and qkv.x_rows == 0 and qkv.rows == 16
+    assert choose_schedule(16, 28672, 4096, 128).x_whole == 0  # 16 x 4096 x 2 B: too big
+    assert choose_schedule(1, 28672, 4096, 128, x_whole=False).x_whole == 0
+    assert choose_schedule(64, 6144, 4096, 128).x_whole == 0
+
+
+def test_a_schedule_whose_x_whole_is_short_of_the_k_range_is_refused():
+    import torch
+
+    rng = np.random.default_rng(0)
+    codes, scales = quantize_to_codes(rng.standard_normal((64, 1024)), "int4", 128)
+    qw = prepare_weight(codes, scales, "int4", 128, device="cpu")
+    x = torch.zeros(1, 1024, dtype=torch.float16)
+    with pytest.raises(LowvmError, match="x_whole = 512 columns cannot hold a block's K "
+                                         "range, K / split = 1024"):
+        quant_linear(x, qw, GemmSchedule(x_whole=512, x_rows=1))
+
+
+def _resplit(s: GemmSchedule, k: int, **fields) -> GemmSchedule:
+    """``s`` with ``fields``; an ``x_whole`` schedule keeps holding the block's K range."""
+    s = dataclasses.replace(s, **fields)
+    return dataclasses.replace(s, x_whole=k // s.split) if s.x_whole else s
 
 
 def test_k_slice_must_divide_the_k_step():
@@ -265,7 +339,7 @@ def test_generated_code_uses_the_expected_instructions():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 33])
+@pytest.mark.parametrize("m", [1, 5, 33])
 def test_gpu_zero_points_and_bfloat16(m):
     import torch
 
@@ -297,7 +371,7 @@ def test_gpu_matches_float64(wtype, m):
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = _reference(x, codes, scales, wtype, g)
     for split, prefetch in ((1, 1), (2, 4 if m <= 16 else 1), (4, 2)):
-        s = dataclasses.replace(choose_schedule(m, n, k, qw.bk), split=split, prefetch=prefetch)
+        s = _resplit(choose_schedule(m, n, k, qw.bk), k, split=split, prefetch=prefetch)
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
@@ -329,7 +403,8 @@ def _check_schedules_on_gpu(wtype, m, seed, schedules):
 def test_gpu_narrow_blocks_match_float64(wtype, m):
     """bn = 32 (2 warps) and 16 (1 warp) blocks on the library's format, split 1 and 2."""
     _check_schedules_on_gpu(wtype, m, 14, lambda qw: [
-        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), bn=bn, warps_n=bn // 16,
+        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk, x_whole=False), bn=bn,
+                            warps_n=bn // 16,
                             split=split, prefetch=prefetch, stages=None)
         for bn, split, prefetch in ((32, 1, 4), (32, 2, 2), (16, 1, 2))])
 
@@ -341,18 +416,34 @@ def test_gpu_x_steps_match_float64(wtype, m):
     """x copied 2 or 4 K steps at a time (split 1 and 2, prefetch 1 and 2), weights asked
     into the L2 ahead (l2_ahead), wide and narrow blocks; K-sliced MMAs (k_slice)."""
     _check_schedules_on_gpu(wtype, m, 16, lambda qw: [
-        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), split=split,
+        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk, x_whole=False), split=split,
                             prefetch=prefetch, x_steps=xs, stages=stages, l2_ahead=ahead,
                             bn=bn, warps_n=bn // 16)
         for split, prefetch, xs, stages, ahead, bn in (
             (1, 1, 4, 2, 0, 64), (2, 2, 4, None, 0, 64), (2, 1, 2, 3, 0, 64),
             (1, 2, 0, None, 2, 64), (2, 1, 0, 4, 4, 64), (1, 1, 0, None, 3, 32))] + [
-        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk), bm=bm, warps_m=1,
+        dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk, x_whole=False), bm=bm,
+                            warps_m=1,
                             split=split, k_slice=ks, stages=stages, prefetch=1,
                             weights_shared=shared, fused_split=split == 1 or m <= 16)
         for bm, split, ks, stages, shared in (
             (64, 1, 16, 3, False), (64, 2, 32, 2, False), (16, 2, 64, 4, False),
             (64, 1, 16, 3, True))])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", TYPES)
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_gpu_x_whole_match_float64(wtype, m):
+    """x held for the block's whole K range: one row read as all 16 (a block per row of
+    y: m = 3 and 16 launch 3 and 16 row blocks) at splits 1/2/8 and prefetch 1/2/4, and
+    16 rows in swizzled slabs; split-K fused and unfused; f16 and bf16."""
+    _check_schedules_on_gpu(wtype, m, 29, lambda qw: [
+        _resplit(GemmSchedule(bk=qw.bk, x_whole=qw.k, x_rows=rows), qw.k, split=split,
+                 prefetch=prefetch, fused_split=fused)
+        for rows, split, prefetch, fused in (
+            (1, 1, 4, True), (1, 2, 2, True), (1, 8, 1, True), (1, 2, 1, False),
+            (0, 2, 2, True), (0, 8, 1, True), (0, 4, 1, False))])
 
 
 @pytest.mark.gpu

@@ -226,8 +226,12 @@ def _shared_index(st: BlockState, tensor: SharedTensor, offsets, table: np.ndarr
 
 
 def _shared_positions(
-    inst: Instruction, st: BlockState, tensor: SharedTensor, offsets, table: np.ndarray
+    inst: Instruction, st: BlockState, tensor: SharedTensor, offsets, table: np.ndarray,
+    write: bool = False
 ) -> np.ndarray:
+    """Element offsets in ``tensor``'s storage of the tile ``table`` at ``offsets``; for a
+    ``write``, two different elements of the tile may not share one (a layout with a
+    stride-0 dim reads one element as many, but cannot store many into one)."""
     index = _shared_index(st, tensor, offsets, table)
     for d, size in enumerate(tensor.shape):
         bad = (index[..., d] < 0) | (index[..., d] >= size)
@@ -239,7 +243,17 @@ def _shared_positions(
             )
     lay = tensor.layout
     linear = sum(index[..., d] * lay.strides[d] for d in range(tensor.rank))
-    return lay.swizzle(linear) if lay.swizzle else linear
+    pos = lay.swizzle(linear) if lay.swizzle else linear
+    if write and 0 in lay.strides:
+        pairs = np.unique(np.concatenate([index.reshape(-1, tensor.rank),
+                                          pos.reshape(-1, 1)], axis=1), axis=0)
+        if len(np.unique(pairs[:, -1])) < len(pairs):
+            raise st.runtime_error(
+                inst, f"writes two different elements of the tile to one address of "
+                f"%{tensor.name}, whose layout repeats storage (strides "
+                f"{list(lay.strides)}); accepted: a tile that spans each stride-0 dim once "
+                f"(size 1 there)")
+    return pos
 
 
 @register_instruction
@@ -292,7 +306,8 @@ class StoreShared(Instruction):
             )
 
     def interpret(self, st: BlockState) -> None:
-        pos = _shared_positions(self, st, self.dst, self.offsets, self.src.layout.table)
+        pos = _shared_positions(self, st, self.dst, self.offsets, self.src.layout.table,
+                                write=True)
         st.shared(self.dst, self).write(pos, st.get(self.src), self, st)
 
     def emit_cuda(self, cg: CudaContext) -> None:
@@ -411,7 +426,8 @@ class CopyAsync(Instruction):
         shape = self.tile_shape
         table = np.indices(shape).reshape(len(shape), -1).T[None]  # [1, N, rank]
         flat, inside = _global_positions(st, self.src, self.offsets, table)
-        pos = _shared_positions(self, st, self.dst, self.dst_start, table).reshape(-1)
+        pos = _shared_positions(self, st, self.dst, self.dst_start, table,
+                                write=True).reshape(-1)
         values = np.zeros(flat.shape[1], dtype=np.float64 if self.dst.dtype.is_float else np.int64)
         values[inside[0]] = st.global_buffer(self.src, self).read(flat[0][inside[0]])
         st.shared(self.dst, self).copy_async(pos, values, self, st)

@@ -41,6 +41,15 @@ class GemmSchedule:
     #: (``vm.extract``), so x is held one slice at a time: what lets one M-warp cover
     #: bm = 64 rows and convert each weight once; 0: the whole step at once
     k_slice: int = 0
+    #: x for the block's whole K range (at most this many columns, a multiple of ``bk``
+    #: and >= K / split) is copied into shared memory once, before the main loop, which
+    #: then has no x copy and no barrier; 0: x is copied every ``steps_per_copy`` steps
+    x_whole: int = 0
+    #: rows of x (and of y) per block when fewer than ``bm``: 1, with ``x_whole``: the
+    #: block's one row of x is read as every row of the MMA tile (a stride-0 shared
+    #: layout) and only that row of the result is stored (decode at batch 1, where 15 of
+    #: 16 rows would otherwise be zeros copied into shared memory); 0: ``bm``
+    x_rows: int = 0
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -59,7 +68,16 @@ class GemmSchedule:
             c["l2_ahead"] = self.l2_ahead
         if self.k_slice:
             c["k_slice"] = self.k_slice
+        if self.x_whole:
+            c["x_whole"] = self.x_whole
+        if self.x_rows:
+            c["x_rows"] = self.x_rows
         return c
+
+    @property
+    def rows(self) -> int:
+        """Rows of y per block (the grid's third dim is ``cdiv(m, rows)``)."""
+        return self.x_rows or self.bm
 
     @property
     def steps_per_copy(self) -> int:

@@ -60,7 +60,8 @@ from lowvm.kernels.weight_format import (
     unpack_repacked,
     weight_layouts,
 )
-from lowvm.layouts import reduce, swizzle_128b
+from lowvm.layouts import reduce, shared_row_major, shared_strided, swizzle_128b
+from lowvm.passes.software_pipeline import staged_layout
 
 # the schedule and the weight format live in their own modules; their names stay
 # importable from here, where the program that uses them is
@@ -119,14 +120,16 @@ class _Block:
 
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
-           bn: int, bk: int, warps_m: int, warps_n: int, split: int, min_blocks: int = 1
-           ) -> _Block:
+           bn: int, bk: int, warps_m: int, warps_n: int, split: int, min_blocks: int = 1,
+           rows: int = 0) -> _Block:
+    """Layouts, grid and views; a block covers ``rows`` rows of y (0: ``bm``)."""
+    rows = rows or bm
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     vm.set_warps(warps_m * warps_n)
     vm.set_min_blocks(min_blocks)
-    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, bm))
-    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * bm
+    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, rows))
+    col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * rows
     n_tiles = n // bn
     k_steps = k // bk // split
     k_tile0 = vm.block_index(1) * k_steps
@@ -151,9 +154,20 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False, fused_split: bool = True,
                      min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                     k_slice: int = 0) -> None:
+                     k_slice: int = 0, x_whole: int = 0, x_rows: int = 0) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     ks = k_slice or bk
+    vm.static_assert(x_rows in (0, 1, bm), f"x_rows={x_rows} must be 0 (bm), 1 or bm={bm}")
+    vm.static_assert(x_rows != 1 or x_whole, f"x_rows=1 reads one row of x as every row "
+                     f"of the MMA tile, which needs x_whole (x resident for the block's K "
+                     f"range), got x_whole={x_whole}")
+    vm.static_assert(x_whole >= 0 and x_whole % bk == 0, f"x_whole={x_whole} must be 0 "
+                     f"(x copied per step) or a positive multiple of bk={bk}")
+    if x_whole:
+        vm.static_assert(not (weights_shared or x_steps or l2_ahead or stages), f"x_whole "
+                         f"copies x once and keeps the register body's loop free of copies: "
+                         f"weights_shared, x_steps, l2_ahead and stages must be off, got "
+                         f"{weights_shared}, {x_steps}, {l2_ahead}, {stages}")
     vm.static_assert(ks > 0 and bk % ks == 0 and ks % 16 == 0, f"k_slice={k_slice} must be "
                      f"a multiple of 16 dividing bk={bk} (or 0: the whole step)")
     vm.static_assert(x_steps >= 0, f"x_steps={x_steps} must be 0 (prefetch's) or positive")
@@ -167,7 +181,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      fused_split, min_blocks, ks)
         return
     b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
-               warps_n, split, min_blocks)
+               warps_n, split, min_blocks, x_rows)
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
     xs = x_steps or prefetch
     vm.static_assert(xs % prefetch == 0, f"x_steps={x_steps} must be a multiple of "
@@ -177,12 +191,14 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
     scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
 
-    # x for `xs` K steps at a time (fewer copies, address computations and barriers per
-    # step); the 128-byte swizzle keeps ldmatrix conflict-free (rows under 128 bytes stay
-    # plain)
-    xk = bk * xs
-    swizzled = xk * adtype.nbits // 8 >= 128
-    sx = vm.shared_tensor(adtype, [bm, xk], swizzle_128b(bm, xk, adtype) if swizzled else None)
+    if not x_whole:
+        # x for `xs` K steps at a time (fewer copies, address computations and barriers
+        # per step); the 128-byte swizzle keeps ldmatrix conflict-free (rows under 128
+        # bytes stay plain)
+        xk = bk * xs
+        swizzled = xk * adtype.nbits // 8 >= 128
+        sx = vm.shared_tensor(adtype, [bm, xk],
+                              swizzle_128b(bm, xk, adtype) if swizzled else None)
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     last = b.k_tile0 + b.k_steps - 1
 
@@ -217,6 +233,12 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     # promise of an overlapped launch, ``library.overlapped_launches``): the loads above
     # may overlap it; x, y and the split-K buffers wait for it
     vm.wait_prior_grid()
+    if x_whole:
+        _whole_x_loop(b, bufs, step_data, acc, wtype, adtype, zero_point, sliced, prefetch,
+                      x_rows or bm, x_whole)
+        store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split,
+                     x_rows)
+        return
     for it in vm.range(b.k_steps // xs, stages=stages):
         kt0 = b.k_tile0 + it * xs
         vm.copy_async(sx, b.gx, [b.row0, kt0 * bk])
@@ -226,8 +248,9 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         for j in range(xs):
             buf = bufs[j % prefetch]
             packed, scale, *zero = buf
-            _multiply_step(sx, j * bk, packed, scale, zero[0] if zero_point else None, acc,
-                           lw, wtype, adtype, zero_point, sliced)
+            _multiply_step(sx, lambda c, j=j: [0, j * bk + c], packed, scale,
+                           zero[0] if zero_point else None, acc, lw, wtype, adtype,
+                           zero_point, sliced)
             for dst, src in zip(buf, step_data(kt0 + j + prefetch)):
                 vm.assign(dst, src)
             if l2_ahead:
@@ -237,9 +260,59 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     vm.free_shared(sx)
 
 
+def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
+                  zero_point: bool, sliced, prefetch: int, rows: int, x_whole: int) -> None:
+    """The main loop of an ``x_whole`` schedule: x's ``rows`` rows for the block's whole K
+    range (``x_whole`` columns; past K they read as zeros) are copied into shared memory
+    once, then every step reads its slice of x from there, so the loop has no copy and
+    no barrier and each warp streams its weights at its own pace.
+
+    One row (``rows`` = 1) is held once and read as every row of the MMA tile (a stride-0
+    layout: every ``ldmatrix`` row address is the same); ``bm`` rows are held as one
+    swizzled ``[bm, bk]`` slab per K step (conflict-free ``ldmatrix``; the step selects
+    its slab by offset, which commutes with the swizzle).
+    """
+    lw = b.lw
+    bm, bk = lw.mma.a.shape[0], lw.mma.b.shape[0]
+    col0 = b.k_tile0 * bk
+    if rows == 1:
+        sx = vm.shared_tensor(adtype, [bm, x_whole], shared_strided([bm, x_whole], [0, 1]))
+        vm.copy_async(sx, b.gx, [b.row0, col0], shape=[1, x_whole])
+
+        def x_at(step, c):
+            return [0, step * bk + c]
+    else:
+        slabs = x_whole // bk
+        slab = swizzle_128b(bm, bk, adtype) if bk * adtype.nbits // 8 >= 128 else None
+        sx = vm.shared_tensor(adtype, [slabs, bm, bk],
+                              staged_layout(slab or shared_row_major(bm, bk), slabs,
+                                            adtype.nbits))
+        for t in range(slabs):
+            vm.copy_async(sx, b.gx, [b.row0, col0 + t * bk], shape=[bm, bk],
+                          dst_offsets=[t, 0, 0])
+
+        def x_at(step, c):
+            return [step, 0, c]
+    vm.commit_group()
+    vm.wait_group(0)
+    vm.sync()
+    for it in vm.range(b.k_steps // prefetch):
+        for j in range(prefetch):
+            buf = bufs[j]
+            packed, scale, *zero = buf
+            step = it * prefetch + j
+            _multiply_step(sx, lambda c, step=step: x_at(step, c), packed, scale,
+                           zero[0] if zero_point else None, acc, lw, wtype, adtype,
+                           zero_point, sliced)
+            for dst, src in zip(buf, step_data(b.k_tile0 + step + prefetch)):
+                vm.assign(dst, src)
+    vm.free_shared(sx)
+
+
 def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
-                 split: int, fused: bool = True) -> None:
-    """Store block ``(x, ., z)``'s ``bm x bn`` result tile ``acc`` (f32) as ``adtype``.
+                 split: int, fused: bool = True, rows: int = 0) -> None:
+    """Store block ``(x, ., z)``'s result rows: the first ``rows`` (0: all ``bm``) of the
+    ``bm x bn`` tile ``acc`` (f32), as ``adtype``.
 
     With split-K (``split`` blocks along grid y share a tile) each adds its part into
     the float32 workspace ``ws [m, n]`` and arrives at the tile's counter; the last to
@@ -248,17 +321,20 @@ def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
     at the start) are left ready for the next launch. Not ``fused``: only the atomic
     adds; :func:`finish_split` then converts and clears ``ws``.
     """
-    row0, col0 = vm.block_index(2) * bm, vm.block_index(0) * bn
-    gy = vm.global_view(y, [m, n])
+    rows = rows or bm
+    row0, col0 = vm.block_index(2) * rows, vm.block_index(0) * bn
+    # rows past the block's own (x_rows < bm: copies of its row) fall outside the views
+    end = m if rows == bm else minimum(m, row0 + rows)
+    gy = vm.global_view(y, [end, n], [n, 1])
     if split == 1:
         vm.store_global(gy, vm.cast(acc, adtype), [row0, col0])
         return
-    gws = vm.global_view(ws, [m, n])
+    gws = vm.global_view(ws, [end, n], [n, 1])
     vm.atomic_add(gws, acc, [row0, col0])
     if not fused:
         return
     tiles_n = vm.cdiv(n, bn)
-    gc = vm.global_view(counters, [tiles_n * vm.cdiv(m, bm)])
+    gc = vm.global_view(counters, [tiles_n * vm.cdiv(m, rows)])
     seen = vm.arrive(gc, [vm.block_index(2) * tiles_n + vm.block_index(0)], split)
     with vm.if_(seen.equals(split - 1)):  # the last part of this tile: finish it
         total = vm.load_global(gws, [row0, col0], [bm, bn], acc.layout, coherent=True)
@@ -267,11 +343,11 @@ def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
                         [row0, col0])
 
 
-def _multiply_step(sx, k0, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
+def _multiply_step(sx, x_at, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
                    adtype: DType, zero_point: bool, sliced: BlockMmaLayouts | None) -> None:
-    """``acc += (x @ q) * scale`` for the K step whose x starts at column ``k0`` of ``sx``
-    (``q - zero`` with zero points); with ``sliced`` (the MMA layouts of a K slice), one
-    slice of x at a time."""
+    """``acc += (x @ q) * scale`` for one K step, whose x column ``c`` (0 <= c < bk) lies
+    at offsets ``x_at(c)`` of ``sx`` (``q - zero`` with zero points); with ``sliced`` (the
+    MMA layouts of a K slice), one slice of x at a time."""
     lay = lw.mma
     wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=lay.b)
     if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
@@ -282,11 +358,11 @@ def _multiply_step(sx, k0, packed, scale, zero, acc, lw: WeightLayouts, wtype: D
     bk = wk.shape[0]
     part = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
     if sliced is None:
-        part = vm.dot(vm.load_shared(sx, lay.a, [0, k0], [bm, bk]), wk, part)
+        part = vm.dot(vm.load_shared(sx, lay.a, x_at(0), [bm, bk]), wk, part)
     else:  # the converted weights sliced by register renaming
         ks = sliced.b.shape[0]
         for kk in range(bk // ks):
-            xa = vm.load_shared(sx, sliced.a, [0, k0 + kk * ks], [bm, ks])
+            xa = vm.load_shared(sx, sliced.a, x_at(kk * ks), [bm, ks])
             part = vm.dot(xa, vm.extract(wk, [kk * ks, 0], [ks, bn], sliced.b), part)
     vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
 
@@ -335,8 +411,8 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
         scale = vm.load_shared(ss, reduce(lay.c, [0], keepdims=True), [0, 0], [1, bn])
         zero = (vm.load_shared(sz, reduce(lay.b, [0], keepdims=True), [0, 0], [1, bn])
                 if zero_point else None)
-        _multiply_step(sx, 0, packed, scale, zero, acc, lw, wtype, adtype, zero_point,
-                       _slices(bm, bn, bk, warps_m, warps_n, k_slice or bk, adtype))
+        _multiply_step(sx, lambda c: [0, c], packed, scale, zero, acc, lw, wtype, adtype,
+                       zero_point, _slices(bm, bn, bk, warps_m, warps_n, k_slice or bk, adtype))
         vm.sync()
     store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     for t in (sx, sw, ss, sz):
@@ -353,7 +429,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
                fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0,
-               l2_ahead: int = 0, k_slice: int = 0):
+               l2_ahead: int = 0, k_slice: int = 0, x_whole: int = 0, x_rows: int = 0):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
     (:func:`store_result`).
 
@@ -363,7 +439,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice)
+                     k_slice, x_whole, x_rows)
 
 
 @vm.program
@@ -377,12 +453,12 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False, fused_split: bool = True,
                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                    k_slice: int = 0):
+                    k_slice: int = 0, x_whole: int = 0, x_rows: int = 0):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice)
+                     k_slice, x_whole, x_rows)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:
