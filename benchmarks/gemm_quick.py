@@ -249,13 +249,14 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("\n kernel       dtype   K      N     M    split pf  st  sh mb bn us      GB/s   TFLOP/s"
-          "  floor  err")
+    print("\n kernel       dtype   K      N     M    split pf  st  sh mb bn xw    us      GB/s   "
+          "TFLOP/s  floor  err")
     for r in rows:
         print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
               f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} "
               f"{r.get('stages', '-')!s:<3} {int(bool(r.get('weights_shared')))} "
-              f"{r.get('min_blocks', '-')!s:<2} {r.get('bn', '-')!s:<2}{r['us']:8.1f} "
+              f"{r.get('min_blocks', '-')!s:<2} {r.get('bn', '-')!s:<2} "
+              f"{r.get('x_whole', '-')!s:<5}{r['us']:8.1f} "
               f"{r['gbps']:7.0f} {r['tflops']:7.1f} "
               f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
 
