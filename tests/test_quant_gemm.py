@@ -743,3 +743,20 @@ def test_schedules_named_by_fields():
     assert with_fields(base, "") == base
     assert with_fields(base, "bm=64/warps_m=1/k_slice=16/stages=0/fused_split=0") == \
         GemmSchedule(bm=64, warps_m=1, split=8, k_slice=16, stages=None, fused_split=False)
+
+
+def test_scales_in_another_activation_type_are_cast_once_and_then_returned():
+    """A second bfloat16 call must get the cached bfloat16 copy, not the float16 scales
+    (it did, and the launch then refused them: found by the GPU tests of x_whole)."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    codes, scales = quantize_to_codes(rng.standard_normal((64, 256)), "uint4", 128)
+    zeros = np.full(scales.shape, 8, np.float16)
+    qw = prepare_weight(codes, scales, "uint4", 128, device="cpu", zeros=zeros)
+    assert qw.holds(torch.float16) and not qw.holds(torch.bfloat16)
+    first = qw.for_dtype(torch.bfloat16)
+    assert all(t.dtype == torch.bfloat16 for t in first) and qw.holds(torch.bfloat16)
+    again = qw.for_dtype(torch.bfloat16)
+    assert again[0] is first[0] and again[1] is first[1]
+    assert qw.for_dtype(torch.float16) == (qw.scales, qw.zeros)

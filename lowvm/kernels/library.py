@@ -67,7 +67,7 @@ class QuantWeight:
 
     def for_dtype(self, dtype: Any) -> tuple[Any, Any]:
         """(scales, zeros) in the activation type ``dtype`` (other-type copies made once)."""
-        if self.holds(dtype):
+        if self._native(dtype):
             return self.scales, self.zeros
         cache = self.__dict__.setdefault("_converted", {})
         if dtype not in cache:
@@ -77,8 +77,11 @@ class QuantWeight:
 
     def holds(self, dtype: Any) -> bool:
         """Whether :meth:`for_dtype` has ``dtype``'s scales (and zeros) without a cast."""
-        return (self.scales.dtype == dtype and (self.zeros is None or self.zeros.dtype == dtype)
-                or dtype in self.__dict__.get("_converted", {}))
+        return self._native(dtype) or dtype in self.__dict__.get("_converted", {})
+
+    def _native(self, dtype: Any) -> bool:
+        """Whether the stored scales (and zeros) are of ``dtype`` already."""
+        return self.scales.dtype == dtype and (self.zeros is None or self.zeros.dtype == dtype)
 
 
 def _check_shape(n: int, k: int, group: int, bk: int) -> None:
@@ -131,8 +134,22 @@ def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
 
 #: bytes of shared memory an ``x_whole`` decode schedule may hold x in (per block)
 X_WHOLE_BYTES = 32 * 1024
-#: K steps of weights in flight per thread in ``x_whole`` schedules (at most)
-X_WHOLE_PREFETCH = 2
+#: blocks of an int4 ``x_whole`` decode GEMM that fit one SM, by prefetch depth (ptxas,
+#: sm_90: 64, 72 and 96 registers for 128 threads)
+_X_WHOLE_BLOCKS_PER_SM = {1: 8, 2: 7, 4: 5}
+
+
+def _x_whole_prefetch(steps: int, blocks: int, num_sms: int) -> int:
+    """K steps of weights in flight for an ``x_whole`` block of ``steps`` K steps in a
+    grid of ``blocks``: the deepest of 4, 2, 1 that divides ``steps``, leaves >= 8 steps
+    per prefetched one, and keeps the grid in one wave. Fitted to the H100 graph sweep of
+    NOTES.md (sixth session), where a second wave cost 28672 x 8192 48 -> 67 us and deep
+    prefetch on 4-step blocks 8.1 -> 9.1 us (4096 x 4096)."""
+    for depth in (4, 2):
+        if (steps % depth == 0 and steps >= 8 * depth
+                and blocks <= num_sms * _X_WHOLE_BLOCKS_PER_SM[depth]):
+            return depth
+    return 1
 
 
 def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT,
@@ -142,9 +159,12 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     Decode (M <= 16) holds x for the block's whole K range in shared memory when it fits
     ``X_WHOLE_BYTES`` (``x_whole``; one row at M = 1, ``x_rows=1``): the main loop then
     has no x copy and no barrier (sm_90 SASS of the loop: 222 -> 136 instructions per warp
-    and K step on split-8 shapes, 169 -> 131 on 4096 x 28672). ``x_whole=False`` gives the
-    schedules that stream x through shared memory every step or every ``prefetch`` steps
-    (the library's choice before; kept for comparison and for K ranges that do not fit).
+    and K step on split-8 shapes, 169 -> 131 on 4096 x 28672), with the weight prefetch
+    depth of :func:`_x_whole_prefetch`. In CUDA graphs on the H100 at M = 1 this measured
+    0 to 23 % faster than streaming x (8192 x 10240: 27.5 -> 21.2 us; NOTES.md, sixth
+    session). ``x_whole=False`` gives the schedules that stream x through shared memory
+    every step or every ``prefetch`` steps (the choice before; kept for comparison and for
+    K ranges that do not fit).
 
     Decode (M <= 16): split-K (its reduction fused into the GEMM) doubles while the grid
     has under ~4 blocks per SM, or while each block would still stream >= 24 K steps,
@@ -184,7 +204,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         if rows * kb * 2 <= X_WHOLE_BYTES:
             return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                                 warps_n=WEIGHT_WARPS_N, split=split, stages=None,
-                                prefetch=_largest_dividing(X_WHOLE_PREFETCH, steps // split),
+                                prefetch=_x_whole_prefetch(steps // split, blocks * split,
+                                                           num_sms),
                                 x_whole=kb, x_rows=1 if rows == 1 else 0)
     if m <= 16 and split < 8:
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
