@@ -3,9 +3,10 @@
 # memcheck and racecheck on the quantized matmul, and the launch-overhead benchmark.
 # Run from the repository root on the device: bash benchmarks/gpu_check.sh
 # Full logs go to $OUT (or ./gpu_check_out); a short table is printed last.
-# The GEMM correctness matrix (tests/test_quant_gemm_matrix.py, a few minutes of kernel
-# compiles) does not fit the same 10-minute device call: `bash benchmarks/gpu_check.sh
-# matrix` runs only it.
+# With pytest-xdist (on the device image) the tests run in 8 processes, whose kernel
+# compiles then overlap, and the GEMM correctness matrix (tests/test_quant_gemm_matrix.py)
+# runs in the same call; without it the matrix does not fit one 10-minute call:
+# `bash benchmarks/gpu_check.sh matrix` runs only it.
 set -uo pipefail
 OUT="${OUT:-gpu_check_out}"
 mkdir -p "$OUT"
@@ -17,8 +18,12 @@ if [ "${1:-}" = "matrix" ]; then
     | tee "$OUT/pytest_gpu_matrix.log"
   exit "${PIPESTATUS[0]}"
 fi
-python -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/test_quant_gemm_matrix.py tests \
-  2>&1 | tee "$OUT/pytest_gpu.log"
+if python -c "import xdist" 2>/dev/null; then
+  python -m pytest -m gpu -q -p no:cacheprovider -n 8 tests 2>&1 | tee "$OUT/pytest_gpu.log"
+else
+  python -m pytest -m gpu -q -p no:cacheprovider --ignore=tests/test_quant_gemm_matrix.py \
+    tests 2>&1 | tee "$OUT/pytest_gpu.log"
+fi
 tests_rc=${PIPESTATUS[0]}
 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 python benchmarks/sanitize_target.py \
   > "$OUT/memcheck.log" 2>&1
