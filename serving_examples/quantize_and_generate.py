@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import inspect
 import json
 import math
 import os
@@ -284,6 +285,13 @@ def compile_config(args: argparse.Namespace, device: str) -> CompileConfig:
     return config
 
 
+def cache_arg(model: Any) -> str:
+    """The keyword ``model`` takes its KV cache by: ``cache`` from transformers 5.24 on
+    (where ``past_key_values`` is deprecated and warns), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
+
 def generate(model: Any, ids: torch.Tensor, tokens: int, cache: Any = None,
              compile_cfg: CompileConfig | None = None) -> Any:
     """Greedy generation of exactly ``tokens`` tokens; with a ``StaticCache`` (reset here)
@@ -291,7 +299,7 @@ def generate(model: Any, ids: torch.Tensor, tokens: int, cache: Any = None,
     kwargs: dict[str, Any] = {}
     if cache is not None:
         cache.reset()
-        kwargs.update(past_key_values=cache, compile_config=compile_cfg)
+        kwargs.update({cache_arg(model): cache}, compile_config=compile_cfg)
     with torch.no_grad():
         return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                               max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0,
@@ -392,6 +400,7 @@ class DecodeLoop:
         device = ids.device
         self.model, self.prompt, self.tokens = model, ids, tokens
         self.cache = StaticCache(config=model.config, max_cache_len=prompt_len + tokens)
+        self.cache_arg = cache_arg(model)
         self.prompt_pos = torch.arange(prompt_len, device=device).repeat(batch, 1)
         # step i (1 <= i < tokens) feeds token i-1 at position prompt_len + i - 1
         self.step_pos = (prompt_len + torch.arange(tokens, device=device)).repeat(batch, 1)
@@ -418,7 +427,7 @@ class DecodeLoop:
         return logits.argmax(-1, keepdim=True)
 
     def _forward_pick(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=ids, position_ids=pos, past_key_values=self.cache,
+        logits = self.model(input_ids=ids, position_ids=pos, **{self.cache_arg: self.cache},
                             use_cache=True).logits
         return self._pick(logits[:, -1])
 
@@ -435,7 +444,8 @@ class DecodeLoop:
     def _prefill(self) -> None:
         self.cache.reset()  # zeroes the cache and its write position, in place
         logits = self.model(input_ids=self.prompt, position_ids=self.prompt_pos,
-                            past_key_values=self.cache, use_cache=True, logits_to_keep=1).logits
+                            **{self.cache_arg: self.cache}, use_cache=True,
+                            logits_to_keep=1).logits
         self.out[:, :1].copy_(self._pick(logits[:, -1]))
 
     def _decode(self, i: int) -> None:

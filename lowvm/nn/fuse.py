@@ -15,8 +15,9 @@ turns the 7 quantized GEMMs of a Llama-family layer into 4 (``qkv_proj``, ``o_pr
   Hugging Face forward does, with the helpers of the class's own modeling module
   (rotary embedding, cache update, the attention function of
   ``config._attn_implementation``). Only classes whose forward lowvm reproduces are
-  fused: the forward's source is compared (as a syntax tree, annotations left out) with
-  the versions this file was written against (transformers 5.17 and 5.23); any other is
+  fused: the forward's source is compared (as a syntax tree, annotations left out, its
+  decorators checked apart) with the versions this file was written against
+  (transformers 5.17-5.23, and 5.24, which renamed the cache argument); any other is
   skipped with the reason, never run with a forward that might differ.
 * **Checkpoints stay unfused.** A fused block's ``state_dict()`` splits its buffers back
   into the original keys and tensors (so ``save_pretrained`` writes the unfused model),
@@ -344,10 +345,27 @@ def _has_hooks(module: nn.Module) -> bool:
 # Which Hugging Face classes lowvm reproduces
 
 class _Style(NamedTuple):
-    """How a known attention forward differs from Llama's."""
+    """How a known attention forward differs from Llama's (the same in every version)."""
 
     sliding: str | None  # None: no sliding_window argument; "config" / "attr": where from
     qk_norm: bool  # q_norm/k_norm on each head before the rotary embedding (Qwen3)
+
+
+class _CacheApi(NamedTuple):
+    """How one transformers version's attention forward takes and updates the KV cache
+    (the same for all four classes of that version, so one per version)."""
+
+    name: str  # the parameter, which the decoder layer passes by keyword
+    update_kwargs: bool  # update(..., kwargs=kwargs): the call's kwargs reach the cache
+    renamed_from: tuple[str, str] | None  # (old name, removal version) of the forward's
+    # ``@deprecate_kwarg(old, version, new_name=name)``; None: not decorated
+
+
+# 5.17-5.23: ``past_key_values.update(k, v, layer_idx)``, no decorator
+_CACHE_517 = _CacheApi("past_key_values", False, None)
+# 5.24: ``@deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")``, argument
+# ``cache`` (passed so by the decoder layer), ``cache.update(k, v, layer_idx, kwargs=kwargs)``
+_CACHE_524 = _CacheApi("cache", True, ("past_key_values", "5.40.0"))
 
 
 _TF = "transformers.models"
@@ -361,14 +379,16 @@ _MLP = {(f"{_TF}.llama.modeling_llama", "LlamaMLP"),
         (f"{_TF}.mistral.modeling_mistral", "MistralMLP"),
         (f"{_TF}.qwen2.modeling_qwen2", "Qwen2MLP"),
         (f"{_TF}.qwen3.modeling_qwen3", "Qwen3MLP")}
-# _forward_fingerprint of each class's forward in transformers 5.17.0 and 5.23.0 (equal
-# there, and the same on Python 3.8-3.13)
-_KNOWN_FORWARDS = {
-    "LlamaAttention": {"c2ef3fbb30977e41"},
-    "MistralAttention": {"477db29ff9c14780"},
-    "Qwen2Attention": {"a7628cbae0ae1f4a"},
-    "Qwen3Attention": {"534e89fa12a5c240"},
-    **dict.fromkeys(("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP"), {"189facc23dad2ca3"}),
+_VERSIONS = "transformers 5.17-5.24"  # what _KNOWN_FORWARDS holds, for messages
+# _forward_fingerprint of each class's forward (the same on Python 3.8-3.13) -> the cache
+# API of that forward (None for MLPs): transformers 5.17.0 and 5.23.0 (equal there), 5.24.0
+_KNOWN_FORWARDS: dict[str, dict[str, _CacheApi | None]] = {
+    "LlamaAttention": {"c2ef3fbb30977e41": _CACHE_517, "62783768143eb34a": _CACHE_524},
+    "MistralAttention": {"477db29ff9c14780": _CACHE_517, "f74f529b2bc43155": _CACHE_524},
+    "Qwen2Attention": {"a7628cbae0ae1f4a": _CACHE_517, "7d88bcb0170ca9e5": _CACHE_524},
+    "Qwen3Attention": {"534e89fa12a5c240": _CACHE_517, "bb3bef4e9c69b49f": _CACHE_524},
+    **{name: {"189facc23dad2ca3": None}  # unchanged in 5.24
+       for name in ("LlamaMLP", "MistralMLP", "Qwen2MLP", "Qwen3MLP")},
 }
 
 
@@ -384,16 +404,23 @@ def _canonical(node: Any) -> str:
     return repr(node)
 
 
-@functools.cache
-def _forward_fingerprint(cls: type) -> str | None:
-    """A hash of ``cls.forward``'s code, annotations and decorators left out; None when
-    its source cannot be read."""
+def _forward_tree(cls: type) -> ast.FunctionDef | None:
+    """``cls.forward``'s source as a syntax tree (through decorators that ``functools.wraps``
+    it); None when its source cannot be read."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls.forward)))
     except (OSError, TypeError, SyntaxError):
         return None
     func = tree.body[0]
-    if not isinstance(func, ast.FunctionDef):
+    return func if isinstance(func, ast.FunctionDef) else None
+
+
+@functools.cache
+def _forward_fingerprint(cls: type) -> str | None:
+    """A hash of ``cls.forward``'s code, annotations and decorators left out; None when
+    its source cannot be read."""
+    func = _forward_tree(cls)
+    if func is None:
         return None
     for node in ast.walk(func):
         if isinstance(node, ast.arg):
@@ -402,16 +429,35 @@ def _forward_fingerprint(cls: type) -> str | None:
     return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
+@functools.cache
+def _forward_decorators(cls: type) -> str | None:
+    """``cls.forward``'s decorators, canonical (the fingerprint leaves them out)."""
+    func = _forward_tree(cls)
+    return None if func is None else _canonical(func.decorator_list)
+
+
+def _expected_decorators(api: _CacheApi | None) -> str:
+    """The decorators of a forward of cache API ``api``: those the fused forward repeats."""
+    if api is None or api.renamed_from is None:
+        return _canonical([])
+    old, version = api.renamed_from
+    return _canonical([ast.parse(f"deprecate_kwarg({old!r}, {version!r}, new_name="
+                                 f"{api.name!r})", mode="eval").body])
+
+
 def _known(cls: type, table: Any) -> str | None:
     """Why ``cls`` is not a class lowvm fuses (None when it is)."""
     if (cls.__module__, cls.__name__) not in table:
         return (f"class {cls.__name__} is not one whose forward lowvm reproduces "
                 "(Llama, Mistral, Qwen2, Qwen3)")
-    if _forward_fingerprint(cls) not in _KNOWN_FORWARDS[cls.__name__]:
+    known = _KNOWN_FORWARDS[cls.__name__]
+    fingerprint = _forward_fingerprint(cls)
+    if fingerprint not in known or \
+            _forward_decorators(cls) != _expected_decorators(known[fingerprint]):
         import transformers
 
         return (f"{cls.__name__}.forward of transformers {transformers.__version__} differs "
-                "from the one lowvm reproduces (transformers 5.17-5.23)")
+                f"from the one lowvm reproduces ({_VERSIONS})")
     return None
 
 
@@ -446,17 +492,18 @@ class FusedGateUpMLP(nn.Module):
         return self.down_proj(self.act_fn(gate) * up)
 
 
-def _attention_forward(module: Any, style: _Style) -> Callable[..., Any]:
+def _attention_forward(module: Any, style: _Style, api: _CacheApi) -> Callable[..., Any]:
     """The fused forward of one attention class: the HF forward with q/k/v split out of
     one GEMM, using that class's own modeling helpers, looked up in ``module`` at each call
     as the HF forward does (a helper patched into the modeling module later, e.g. a fused
-    rotary kernel, is used)."""
+    rotary kernel, is used). ``api`` gives the cache argument's name and update call of
+    the installed version, and its ``deprecate_kwarg`` (from ``module``) is repeated."""
     sliding, qk_norm = style
 
-    def forward(self: Any, hidden_states: torch.Tensor,
-                position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-                attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
-                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def fused(self: Any, hidden_states: torch.Tensor,
+              position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
+              attention_mask: torch.Tensor | None, cache: Any,
+              kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
 
@@ -473,9 +520,13 @@ def _attention_forward(module: Any, style: _Style) -> Callable[..., Any]:
         query_states, key_states = module.apply_rotary_pos_emb(query_states, key_states, cos,
                                                                sin)
 
-        if past_key_values is not None:
-            key_states, value_states = past_key_values.update(key_states, value_states,
-                                                              self.layer_idx)
+        if cache is not None:
+            if api.update_kwargs:
+                key_states, value_states = cache.update(key_states, value_states,
+                                                        self.layer_idx, kwargs=kwargs)
+            else:
+                key_states, value_states = cache.update(key_states, value_states,
+                                                        self.layer_idx)
 
         attention_interface = module.ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, module.eager_attention_forward)
@@ -495,14 +546,40 @@ def _attention_forward(module: Any, style: _Style) -> Callable[..., Any]:
         attn_output = self.o_proj(attn_output)
         return attn_output, attn_weights
 
+    # The HF signature, cache parameter named as the installed decoder layer passes it
+    if api.name == "cache":
+        def forward(self: Any, hidden_states: torch.Tensor,
+                    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    attention_mask: torch.Tensor | None = None, cache: Any = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return fused(self, hidden_states, position_embeddings, attention_mask, cache,
+                         kwargs)
+    elif api.name == "past_key_values":
+        def forward(self: Any, hidden_states: torch.Tensor,
+                    position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    attention_mask: torch.Tensor | None = None, past_key_values: Any = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return fused(self, hidden_states, position_embeddings, attention_mask,
+                         past_key_values, kwargs)
+    else:  # a new _CacheApi needs its signature here
+        raise AssertionError(f"no fused forward taking the cache as {api.name!r}")
+    if api.renamed_from is not None:  # the old name still works, with HF's warning
+        old, version = api.renamed_from
+        forward = module.deprecate_kwarg(old, version, new_name=api.name)(forward)
     return forward
 
 
 @functools.cache
 def _fused_attention_class(cls: type) -> type:
-    """``Fused<cls>``: ``cls`` with q/k/v fused (a subclass, so isinstance checks hold)."""
+    """``Fused<cls>``: ``cls`` with q/k/v fused (a subclass, so isinstance checks hold).
+    Refused (:class:`FuseError`) for a forward lowvm does not reproduce, e.g. a pickle of
+    a fused model loaded under another transformers."""
+    why = _known(cls, _ATTENTION)
+    if why:
+        raise FuseError(f"cannot make Fused{cls.__name__}: {why}")
     forward = _attention_forward(sys.modules[cls.__module__],
-                                 _ATTENTION[(cls.__module__, cls.__name__)])
+                                 _ATTENTION[(cls.__module__, cls.__name__)],
+                                 _KNOWN_FORWARDS[cls.__name__][_forward_fingerprint(cls)])
     forward.__signature__ = inspect.signature(cls.forward)  # type: ignore[attr-defined]
     name = f"Fused{cls.__name__}"
     fused = type(name, (cls,), {

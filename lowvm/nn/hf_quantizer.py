@@ -11,7 +11,7 @@
   ``kernel_format`` names that layout's version, and a checkpoint of another version is
   refused (:class:`~lowvm.nn.errors.WeightFormatError`) before any layer is built.
 
-Only hooks present in both transformers 5.17 and 5.23 are used:
+Only hooks present in transformers 5.17, 5.23 and 5.24 are used:
 ``_process_model_before/after_weight_loading``, ``update_dtype``, ``is_serializable``.
 """
 
