@@ -42,6 +42,9 @@ EXAMPLES = {
         bm=64, warps_m=1, split=4, stages=3, k_slice=16, fused_split=False).constants()}),
     "quant_gemm_int8_m64_one_warp": (quant_gemm, {"wtype": lowvm.int8, **GemmSchedule(
         bm=64, warps_m=1, split=2, stages=2, k_slice=16, fused_split=False).constants()}),
+    # choose_schedule's pick for 16 < M <= 64 where K < 14336: 32-deep slices
+    "quant_gemm_int3_m64_one_warp_k32": (quant_gemm, {"wtype": lowvm.int3, **GemmSchedule(
+        bm=64, warps_m=1, split=2, stages=3, k_slice=32, fused_split=False).constants()}),
     # weights asked into the L2 two steps beyond the registers (vm.prefetch_l2)
     "quant_gemm_int4_l2_ahead": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
         split=8, stages=4, l2_ahead=2).constants()}),

@@ -217,11 +217,19 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # 22.5-22.7 vs 24.7 us (14336 x 4096, M = 1; NOTES.md, fourth session)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=2, prefetch=2)
+    if 16 < m <= 64:
+        # one M-warp covers the 64 rows, the K step's MMAs over k_slice-deep slices, so
+        # each weight is converted once, not once per M-warp: measured 7-17 % faster than
+        # two M-warps on the five Llama shapes (4096 x 6144: 29.2 -> 26.0 us; slices of 16
+        # won by 2-5 % where K >= 14336; NOTES.md, sixth session)
+        warps_m, k_slice = 1, 16 if k >= 14336 else 32
+    else:
+        k_slice = 0
     # the other split-8 decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
     # 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192) at split 8
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
                         split=split, stages=4 if m <= 16 else 3, prefetch=1,
-                        fused_split=m <= 16)
+                        fused_split=m <= 16, k_slice=k_slice)
 
 
 def tuned_schedule(m: int, weight: QuantWeight, cache: Any = None) -> GemmSchedule | None:
