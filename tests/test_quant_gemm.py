@@ -192,6 +192,37 @@ def test_choose_schedule_converts_each_weight_once_up_to_64_rows():
     assert choose_schedule(65, 6144, 4096, 128).k_slice == 0
 
 
+def test_choose_schedule_splits_16_ways_at_batch_1_where_x_is_held_whole():
+    down = choose_schedule(1, 4096, 14336, 128)  # 64 tiles, 112 K steps
+    assert (down.split, down.x_whole, down.x_rows) == (16, 896, 1)
+    assert choose_schedule(1, 4096, 14336, 128, x_whole=False).split == 8
+    assert choose_schedule(16, 4096, 14336, 128).split == 8
+    assert choose_schedule(1, 4096, 4096, 128).split == 8  # 2 steps per block at 16: no
+
+
+def test_split_16_with_x_whole_in_the_interpreter():
+    sched = GemmSchedule(split=16, x_whole=128, x_rows=1)
+    assert _interpret_gemm("int4", sched, 3, 31, k=2048) < 2e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 3])
+def test_gpu_split_16_with_x_whole(m):
+    """16 blocks per output tile (one K step each) arriving at one counter."""
+    import torch
+
+    rng = np.random.default_rng(37)
+    n, k, g = 256, 2048, 128
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
+    qw = prepare_weight(codes, scales, "int4", g)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    ref = _reference(x, codes, scales, "int4", g)
+    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
+        y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw,
+                         GemmSchedule(split=16, x_whole=128, x_rows=1))
+        assert _rel(y.double().cpu().numpy(), ref) < tol, dtype
+
+
 def test_a_schedule_whose_x_whole_is_short_of_the_k_range_is_refused():
     import torch
 

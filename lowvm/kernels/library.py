@@ -168,10 +168,10 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
 
     Decode (M <= 16): split-K (its reduction fused into the GEMM) doubles while the grid
     has under ~4 blocks per SM, or while each block would still stream >= 24 K steps,
-    keeping >= 4 steps per block and split <= 8; grids of >= 3 blocks per SM are not
-    split. M > 16 splits only up to ~2 blocks per SM (more measured slower at M = 64),
-    and finishes the sums with a second kernel (the in-kernel reduction measured slower
-    there: 4096 x 6144, M = 64: 41.4 vs 33.3 us).
+    keeping >= 4 steps per block and split <= 8 (16 at M = 1 with ``x_whole``); grids of
+    >= 3 blocks per SM are not split. M > 16 splits only up to ~2 blocks per SM (more
+    measured slower at M = 64), and finishes the sums with a second kernel (the in-kernel
+    reduction measured slower there: 4096 x 6144, M = 64: 41.4 vs 33.3 us).
     Split-8 decode grids with 8..23 K steps per block prefetch two steps of weights with
     x double-buffered (14336 x 4096: 22.3 vs 24.7 us); other split-8 grids pipeline x four
     deep, one step of weights ahead.
@@ -198,6 +198,12 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         while (split < 8 and steps % (2 * split) == 0 and steps // (2 * split) >= 4
                and (blocks * split < 4 * num_sms or steps // (2 * split) >= 24)):
             split *= 2
+    if (m == 1 and x_whole and split == 8 and blocks * split < 4 * num_sms
+            and steps % 16 == 0 and steps // 16 >= 4):
+        # with x held whole a K range is cheap to start, so a grid still under 4 blocks
+        # per SM at split 8 splits once more: 14336 x 4096 in a graph 16.6 -> 15.1 us
+        # (NOTES.md, sixth session)
+        split = 16
     if m <= 16 and x_whole:
         rows = 1 if m == 1 else bm
         kb = k // split
