@@ -26,6 +26,11 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
 - **Prefetch**: ``prefetch`` K steps of weights and group scales in flight per thread,
   in round-robin register buffers (no register moves, so each load hides behind
   ``prefetch`` steps of math); ``x`` comes in ``prefetch`` steps at a time.
+- **x held whole** (``x_whole``, the library's choice at M <= 16 where it fits): x for the
+  block's whole K range is copied into shared memory once, before the main loop, which
+  then has no copy and no barrier; with ``x_rows=1`` the one row of a decode step is held
+  once and read as all 16 rows of the MMA tile through a stride-0 shared layout, and a
+  block covers one row of y (:func:`_whole_x_loop`).
 
 - **Narrow blocks** (``bn`` = 32 or 16: 2 or 1 warps): a block reads its warps' rows of
   the 64-wide format tiles (:meth:`_Block.load_weights`), so one repacked copy also serves
@@ -35,7 +40,8 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   faster only on 4096 x 14336 at split 2 (24.7 vs 26.2).
 
 Shapes: ``k`` a multiple of ``bk * split * steps_per_copy``, ``n`` of ``bn``, ``group`` a
-multiple of ``bk`` (or ``k`` itself, per-channel); ``m`` is anything (rows are masked).
+multiple of ``bk`` (or ``k`` itself, per-channel), ``k / split <= x_whole`` when set (the
+library checks it before a launch); ``m`` is anything (rows are masked).
 """
 
 from __future__ import annotations
