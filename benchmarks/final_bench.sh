@@ -5,11 +5,7 @@
 # one-M-warp (k_slice) schedules. Plot the JSON on any machine with matplotlib:
 #   python -m lowvm.bench.plot $OUT/bench_int4.json
 set -uo pipefail
-OUT="${OUT:-final_bench_out}"
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "commit: ${COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
+. benchmarks/device_env.sh final_bench_out
 python -m lowvm.bench --anchors --out "$OUT/bench_int4.json" > "$OUT/bench_int4.log" 2>&1
 python -m lowvm.bench --dtype int3,int2,int8,float4_e2m1 --shape 4096,28672 --shape 14336,4096 \
   --m 1,16,64,4096 --out "$OUT/bench_types.json" > "$OUT/bench_types.log" 2>&1

@@ -3,11 +3,7 @@
 # matrix (8 xdist processes), then the int4 serving measurement at batch 1 and 16.
 #   COMMIT=<hash> bash benchmarks/final_check.sh
 set -uo pipefail
-OUT="${OUT:-final_check_out}"
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "commit: ${COMMIT:-unknown}" | tee -a "$OUT/gpu.txt"
+. benchmarks/device_env.sh final_check_out
 timeout 230 python -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_quant_gemm.py \
   tests/test_quant_gemm_matrix.py tests/test_nn_gpu.py tests/test_fuse.py \
   tests/test_serving_loop.py 2>&1 | tee "$OUT/pytest_gpu.log" | tail -n 3

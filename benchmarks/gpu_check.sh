@@ -8,10 +8,7 @@
 # runs in the same call; without it the matrix does not fit one 10-minute call:
 # `bash benchmarks/gpu_check.sh matrix` runs only it.
 set -uo pipefail
-OUT="${OUT:-gpu_check_out}"
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+. benchmarks/device_env.sh gpu_check_out
 
 if [ "${1:-}" = "matrix" ]; then
   python -m pytest -m gpu -q -p no:cacheprovider tests/test_quant_gemm_matrix.py 2>&1 \

@@ -7,11 +7,7 @@
 # final: only timings of the library's final choice (int4 M = 1/16 in graphs and
 # event-timed, other widths at M = 1) against streamed x.
 set -uo pipefail
-OUT="${OUT:-x_whole_check_out}"
-mkdir -p "$OUT"
-export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" | tee -a "$OUT/gpu.txt"
+. benchmarks/device_env.sh x_whole_check_out
 q="python benchmarks/gemm_quick.py"
 logs=""
 if [ "${1:-}" = "final" ]; then

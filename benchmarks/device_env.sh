@@ -1,0 +1,9 @@
+# Sourced by the device scripts (. benchmarks/device_env.sh DEFAULT_OUT): the output folder
+# ($OUT, else DEFAULT_OUT), the environment every run shares, and a header naming the GPU
+# and the commit ($COMMIT when given: the device's own git may name another) in gpu.txt.
+OUT="${OUT:-$1}"
+mkdir -p "$OUT"
+export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
+  | tee -a "$OUT/gpu.txt"
