@@ -85,8 +85,7 @@ def schedules_to_time(args, base: GemmSchedule, m: int,
     ``--variants`` when given, else the sweeps of --splits/--prefetch/--stages/
     --weights-shared. ``streamed``: the choice without ``x_whole`` ('streamed' variants)."""
     if args.variants:
-        return [parse_variant(spec, base, streamed or base)
-                for spec in args.variants.split(",")]
+        return [parse_variant(spec, base, streamed) for spec in args.variants.split(",")]
     splits = sorted({1, 2, 4, 8, base.split}) if args.splits and m <= 16 else [base.split]
     depths = [int(v) for v in args.prefetch.split(",") if v] or [base.prefetch]
     stages = [int(v) or None for v in args.stages.split(",") if v] or [base.stages]

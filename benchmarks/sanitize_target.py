@@ -4,8 +4,6 @@ zero points) and prefill (pipelined x, 4x4 warps) schedules, with a masked M."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
@@ -32,9 +30,7 @@ for rows in (3, 130):
     for base in (choose_schedule(rows, n, k, weight.bk),  # x_whole where it fits
                  choose_schedule(rows, n, k, weight.bk, x_whole=False)):
         for split, prefetch in ((1, 1), (2, 4 if rows <= 16 else 1)):
-            s = dataclasses.replace(base, split=split, prefetch=prefetch,
-                                    x_whole=k // split if base.x_whole else 0)
-            out = quant_linear(xs, weight, s)
+            out = quant_linear(xs, weight, base.resplit(k, split=split, prefetch=prefetch))
     # one x row read as all 16, a block per row of y (3 of them)
     out = quant_linear(xs, weight, GemmSchedule(split=2, prefetch=2, x_whole=k // 2, x_rows=1))
 torch.cuda.synchronize()

@@ -235,12 +235,6 @@ def test_a_schedule_whose_x_whole_is_short_of_the_k_range_is_refused():
         quant_linear(x, qw, GemmSchedule(x_whole=512, x_rows=1))
 
 
-def _resplit(s: GemmSchedule, k: int, **fields) -> GemmSchedule:
-    """``s`` with ``fields``; an ``x_whole`` schedule keeps holding the block's K range."""
-    s = dataclasses.replace(s, **fields)
-    return dataclasses.replace(s, x_whole=k // s.split) if s.x_whole else s
-
-
 def test_k_slice_must_divide_the_k_step():
     with pytest.raises(ProgramError, match="k_slice=24 must be a multiple of 16 dividing bk=128"):
         quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(k_slice=24).constants())
@@ -413,7 +407,7 @@ def test_gpu_matches_float64(wtype, m):
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = _reference(x, codes, scales, wtype, g)
     for split, prefetch in ((1, 1), (2, 4 if m <= 16 else 1), (4, 2)):
-        s = _resplit(choose_schedule(m, n, k, qw.bk), k, split=split, prefetch=prefetch)
+        s = choose_schedule(m, n, k, qw.bk).resplit(k, split=split, prefetch=prefetch)
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
         assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
@@ -481,8 +475,8 @@ def test_gpu_x_whole_match_float64(wtype, m):
     y: m = 3 and 16 launch 3 and 16 row blocks) at splits 1/2/8 and prefetch 1/2/4, and
     16 rows in swizzled slabs; split-K fused and unfused; f16 and bf16."""
     _check_schedules_on_gpu(wtype, m, 29, lambda qw: [
-        _resplit(GemmSchedule(bk=qw.bk, x_whole=qw.k, x_rows=rows), qw.k, split=split,
-                 prefetch=prefetch, fused_split=fused)
+        GemmSchedule(bk=qw.bk, x_whole=qw.k, x_rows=rows).resplit(
+            qw.k, split=split, prefetch=prefetch, fused_split=fused)
         for rows, split, prefetch, fused in (
             (1, 1, 4, True), (1, 2, 2, True), (1, 8, 1, True), (1, 2, 1, False),
             (0, 2, 2, True), (0, 8, 1, True), (0, 4, 1, False))])
@@ -775,6 +769,12 @@ def test_overlap_is_dropped_for_the_call_that_casts_the_scales():
             library._run(torch.zeros(1, 128, dtype=dtype), qw, None, planner)
     library._run(torch.zeros(1, 128, dtype=torch.float16), qw, None, planner)
     assert launched == [False, True, True, False]
+
+
+def test_resplit_keeps_x_whole_to_a_blocks_k_range():
+    s = GemmSchedule(split=8, x_whole=512, x_rows=1).resplit(4096, split=2, prefetch=2)
+    assert (s.split, s.prefetch, s.x_whole, s.x_rows) == (2, 2, 2048, 1)
+    assert GemmSchedule(split=8).resplit(4096, split=2).x_whole == 0
 
 
 def test_schedules_named_by_fields():

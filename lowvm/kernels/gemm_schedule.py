@@ -74,6 +74,12 @@ class GemmSchedule:
             c["x_rows"] = self.x_rows
         return c
 
+    def resplit(self, k: int, **fields: object) -> GemmSchedule:
+        """This schedule with ``fields`` replaced, for K = ``k``: an ``x_whole`` one keeps
+        holding exactly a block's K range (``x_whole = k / split`` for the new split)."""
+        s = replace(self, **fields)
+        return replace(s, x_whole=k // s.split) if s.x_whole else s
+
     @property
     def rows(self) -> int:
         """Rows of y per block (the grid's third dim is ``cdiv(m, rows)``)."""
