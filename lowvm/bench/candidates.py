@@ -5,7 +5,10 @@ callable to time, the activation dtype it takes, its weight format (for the byte
 and the floor), the weight its result must match (for the float64 check) and the
 tolerance that fits its output type. Kernel names are stable strings used in the JSON,
 the plot and the anchor file: ``lowvm_<type>_g<group>``, ``cublas_fp16``,
-``cublas_bf16``, ``tinygemm_int4_g<group>``.
+``cublas_bf16``, ``tinygemm_int4_g<group>``, ``gemlite_int<bits>_g<group>``.
+
+Of the optional baselines, GemLite has an adapter (:mod:`lowvm.bench.gemlite_baseline`)
+and is timed where ``import gemlite`` works; the Marlin kernels are only probed.
 """
 
 from __future__ import annotations
@@ -15,17 +18,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lowvm.bench import counting, lowvm_entry, tinygemm
+from lowvm.bench import counting, gemlite_baseline, lowvm_entry, tinygemm
 from lowvm.bench.errors import BenchError
 from lowvm.dtypes import DType
 
 __all__ = [
     "BASELINES",
     "OPTIONAL_BASELINES",
+    "ADAPTED_OPTIONAL",
     "Candidate",
     "Unavailable",
     "lowvm_name",
     "tinygemm_name",
+    "gemlite_name",
+    "gemlite_widths",
     "planned_kernels",
     "build_candidates",
     "probe_optional",
@@ -39,6 +45,8 @@ OPTIONAL_BASELINES: dict[str, tuple[str, str]] = {
     "marlin_sgl": ("sgl_kernel", "gptq_marlin_gemm"),
     "gemlite": ("gemlite", ""),
 }
+#: Optional baselines the harness can time (the others are probed and noted only).
+ADAPTED_OPTIONAL = ("gemlite",)
 #: Relative-error tolerances by output type: fp16 keeps 11 significant bits, bf16 8.
 TOL_FP16 = 3e-3
 TOL_BF16 = 1.6e-2
@@ -78,6 +86,17 @@ def tinygemm_name(group: int) -> str:
     return f"tinygemm_int4_g{group}"
 
 
+def gemlite_name(nbits: int, group: int) -> str:
+    return f"gemlite_int{nbits}_g{group}"
+
+
+def gemlite_widths(dtypes: tuple[DType, ...]) -> tuple[int, ...]:
+    """GemLite code widths a run times: 4 always (the reference int4 baseline, as with
+    tinygemm), plus each other integer width of ``--dtype`` that GemLite packs."""
+    asked = {dt.nbits for dt in dtypes if dt.kind != "float"}
+    return tuple(sorted({4} | (asked & set(gemlite_baseline.GEMLITE_BITS))))
+
+
 def planned_kernels(dtypes: tuple[DType, ...], groups: tuple[int, ...],
                     baselines: tuple[str, ...], with_lowvm: bool = True) -> list[str]:
     """The kernel names a run with these options times (optional ones if importable)."""
@@ -98,12 +117,15 @@ def _error(exc: BaseException) -> str:
 
 
 def build_candidates(weight: Any, dtypes: tuple[DType, ...], groups: tuple[int, ...],
-                     baselines: tuple[str, ...], with_lowvm: bool = True
+                     baselines: tuple[str, ...], with_lowvm: bool = True,
+                     optional: tuple[str, ...] = ()
                      ) -> tuple[list[Candidate], list[Unavailable]]:
     """Prepare every planned kernel for ``weight [N, K]`` fp16 on the GPU.
 
     lowvm candidates come first: the runner checks them before any baseline has left an
-    output of the same size in the allocator's free memory.
+    output of the same size in the allocator's free memory. ``optional`` names the
+    optional baselines asked for: those with an adapter are added where they import
+    (:func:`probe_optional` notes the rest, and those that do not import).
     """
     import torch
 
@@ -149,12 +171,36 @@ def build_candidates(weight: Any, dtypes: tuple[DType, ...], groups: tuple[int, 
                     lambda x, tg=tg: tinygemm.run(tg, x),
                     lambda tg=tg: tinygemm.dequantize(tg.codes, tg.scales_and_zeros, tg.group),
                     TOL_BF16))
+    if "gemlite" in optional and _imports("gemlite"):
+        for nbits in gemlite_widths(dtypes):
+            for g in groups:
+                name, fmt = gemlite_name(nbits, g), counting.quant_format(nbits, g, 4)
+                try:
+                    gl = gemlite_baseline.prepare(weight, nbits, g)
+                except Exception as exc:
+                    status = "skipped" if isinstance(exc, BenchError) else "failed"
+                    missing.append(Unavailable(name, "baseline", f"int{nbits}", fmt, status,
+                                               _error(exc)))
+                    continue
+                ready.append(Candidate(
+                    name, "baseline", f"int{nbits}", fmt, torch.float16,
+                    lambda x, gl=gl: gemlite_baseline.run(gl, x),
+                    lambda gl=gl: gemlite_baseline.dequantized(gl), TOL_FP16))
     return ready, missing
+
+
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except Exception:  # ImportError, or a broken install (gemlite needs CUDA to import)
+        return False
+    return True
 
 
 def probe_optional(names: tuple[str, ...]) -> list[str]:
     """Notes on the optional baselines asked for: each is imported, and skipped with a
-    note when absent. None has an adapter yet, so an importable one is noted as such."""
+    note when absent. An importable one is timed if it has an adapter
+    (:data:`ADAPTED_OPTIONAL`) and noted as untimed otherwise."""
     notes = []
     for name in names:
         module, attr = OPTIONAL_BASELINES[name]
@@ -168,6 +214,12 @@ def probe_optional(names: tuple[str, ...]) -> list[str]:
         else:
             version = getattr(importlib.import_module(module.split(".")[0]),
                               "__version__", "?")
-            notes.append(f"{name}: {module} {version} imports, but the harness has no "
-                         "adapter for its API yet; not timed")
+            if name == "gemlite":
+                notes.append(f"gemlite: {module} {version} imports; timed as "
+                             "gemlite_int<bits>_g<group> (fp16 activations, GemLite's "
+                             "'fast' autotune mode on its shipped configs, see "
+                             "lowvm/bench/gemlite_baseline.py)")
+            else:
+                notes.append(f"{name}: {module} {version} imports, but the harness has "
+                             "no adapter for its API yet; not timed")
     return notes
