@@ -134,7 +134,7 @@ def run_benchmark(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[st
                   / math.sqrt(shape.k)).to(torch.float16)
         log(f"[{shape}] preparing kernels")
         ready, missing = build_candidates(weight, cfg.dtypes, cfg.groups, cfg.baselines,
-                                          cfg.with_lowvm)
+                                          cfg.with_lowvm, optional=cfg.optional)
         for m in cfg.ms:
             x = torch.randn(m, shape.k, device="cuda", generator=gen).to(torch.float16)
             for c in ready:

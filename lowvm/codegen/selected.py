@@ -10,10 +10,14 @@ a uniform branch with the generic code as the other side.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 
+import numpy as np
+
 from lowvm.codegen.context import CudaContext
-from lowvm.expr import is_const
+from lowvm.codegen.thread_offsets import Relation, relation, swizzled_offsets
+from lowvm.expr import const_value, is_const
 from lowvm.instructions.dot import Dot
 from lowvm.instructions.memory import (
     CopyAsync,
@@ -27,7 +31,7 @@ from lowvm.ir import SharedTensor
 from lowvm.passes.instruction_selection import CpAsyncPlan, LdmatrixPlan, MmaPlan
 from lowvm.passes.vectorize import VectorAccess
 
-__all__ = ["emit_selected"]
+__all__ = ["emit_selected", "related_addresses_enabled"]
 
 _VECTOR_TYPES = {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}
 _VECTOR_ZEROS = {2: "(unsigned short)0", 4: "0u", 8: "make_uint2(0, 0)",
@@ -41,6 +45,13 @@ def _shared_offset(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str
     ``rel`` go through the swizzle, runtime offsets (a pipeline stage, say) are added
     after it, so the thread-dependent part stays loop-invariant.
     """
+    inner, outer = _split_offset(cg, tensor, offsets, rel)
+    return f"{inner} + {outer}" if outer else inner
+
+
+def _split_offset(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str]
+                  ) -> tuple[str, str]:
+    """(swizzled part, runtime part added after the swizzle or '') of :func:`_shared_offset`."""
     lead = tensor.rank - len(rel)
     index, outer = [], []
     for d, off in enumerate(offsets):
@@ -50,8 +61,52 @@ def _shared_offset(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str
         else:
             outer.append(f"({cg.expr(off)}) * {tensor.layout.strides[d]}")
             index.append("0" if r is None else f"({r})")
-    offset = cg.shared_offset(tensor, index)
-    return f"{offset} + {' + '.join(outer)}" if outer else offset
+    return cg.shared_offset(tensor, index), " + ".join(outer)
+
+
+def _offset_table(tensor: SharedTensor, offsets, rel: list[np.ndarray]) -> np.ndarray:
+    """Per thread, the swizzled part of :func:`_split_offset` (runtime offsets as 0)."""
+    lead = tensor.rank - len(rel)
+    index = []
+    for d, off in enumerate(offsets):
+        value = const_value(off)
+        value = int(value) if value is not None else 0
+        index.append(np.int64(value) if d < lead else value + rel[d - lead])
+    return swizzled_offsets(tensor.layout, index)
+
+
+def related_addresses_enabled() -> bool:
+    """False under ``LOWVM_PLAIN_ADDRESSES=1``: every access then computes its own address
+    (the lowering before the related one; kept to measure one against the other)."""
+    return os.environ.get("LOWVM_PLAIN_ADDRESSES", "") != "1"
+
+
+def _related_addresses(cg: CudaContext, tensor: SharedTensor, offsets, rels: list,
+                       base_rel: list[str], masks: list | None = None) -> list[str] | None:
+    """Shared-space addresses of several accesses (``rels``: per access, the tile index
+    of every thread as int arrays), each as the thread's base offset (``base_rel``, the
+    first access's index expressions at zero offsets) XOR and plus a constant; None when
+    some access is not so related for every thread that makes it (``masks``: per access,
+    which threads do; default all) (:mod:`thread_offsets`)."""
+    if not related_addresses_enabled():
+        return None
+    zeros = [0] * len(offsets)
+    base = _offset_table(tensor, zeros, rels[0])
+    masks = masks or [np.ones(base.shape, dtype=bool)] * len(rels)
+    relations = [relation(base[mask], _offset_table(tensor, offsets, r)[mask])
+                 for r, mask in zip(rels, masks)]
+    if any(r is None for r in relations):
+        return None
+    base_expr = cg.shared_offset(tensor, [f"({e})" for e in
+                                          ["0"] * (tensor.rank - len(base_rel)) + base_rel])
+    _, outer = _split_offset(cg, tensor, offsets, base_rel)
+    out, nbytes = [], tensor.dtype.nbits // 8
+    for r in relations:
+        # the XOR inside the element offset, the add on the address (an immediate there)
+        offset = Relation(r.xor).apply(base_expr) + (f" + {outer}" if outer else "")
+        addr = f"(lowvm_u32)__cvta_generic_to_shared(&{cg.shared_ref(tensor, offset)})"
+        out.append(f"({addr} + {r.add * nbytes})" if r.add else addr)
+    return out
 
 
 def _shared_address(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str]) -> str:
@@ -110,61 +165,149 @@ def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
 # cp.async
 
 
+def _chunk_index(shape: tuple[int, ...], flat):
+    """Tile index of the chunk starting at row-major element ``flat``: C expressions (of
+    the string ``flat``) or int arrays; the outermost dim is not wrapped (the row is
+    range-checked by the caller), as in the generic lowering."""
+    rel, rest = [], flat
+    for d in reversed(range(len(shape))):
+        if isinstance(flat, str):
+            rel.insert(0, f"({rest})" if d == 0 else f"({rest}) % {shape[d]}")
+            rest = f"({rest}) / {shape[d]}"
+        else:
+            rel.insert(0, rest if d == 0 else rest % shape[d])
+            rest = rest // shape[d]
+    return rel
+
+
 def _emit_cp_async(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> None:
-    access = plan.access
-    shape = inst.tile_shape
+    """``cp.async`` chunks: each thread's chunks as a base address plus constants where
+    that holds for every thread (:func:`_cp_async_related`), else one by one."""
+    cg.line(f"// {inst}")
+    _guarded(cg, inst, plan.access,
+             lambda: _cp_async_related(inst, plan, cg) or _cp_async_each(inst, plan, cg))
+
+
+def _cp_async_related(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> bool:
+    """Emit the chunks of each thread as offsets from its first one, computed once: the
+    global pointer plus a constant number of rows per round, the shared address through
+    :func:`_related_addresses`, the bounds of dims that no round moves along tested once.
+    False (nothing emitted) when some round is not such a constant for every thread."""
+    access, shape = plan.access, inst.tile_shape
+    chunks = math.prod(shape) // access.width
+    threads = cg.program.num_threads
+    iters = -(-chunks // threads)
+    tid = np.arange(threads, dtype=np.int64)
+    rels, masks, deltas = [], [], []
+    for it in range(iters):
+        rel = _chunk_index(shape, (tid + it * threads) * access.width)
+        mask = tid + it * threads < chunks
+        step = [r[mask] - r0[mask] for r, r0 in zip(rel, rels[0])] if rels else \
+            [np.zeros(int(mask.sum()), dtype=np.int64)] * len(shape)
+        if any(d.size and not np.all(d == d[0]) for d in step):
+            return False
+        rels.append(rel)
+        masks.append(mask)
+        deltas.append([int(d[0]) if d.size else 0 for d in step])
+    base_rel = [f"j{d}" for d in range(len(shape))]
+    addrs = _related_addresses(cg, inst.dst, inst.dst_start, rels, base_rel, masks)
+    if addrs is None:
+        return False
+    with cg.block(""):
+        for d, expr in enumerate(_chunk_index(shape, f"tid * {access.width}")):
+            cg.line(f"const int j{d} = {expr};")
+        ref, _ = global_ref(cg, inst.src, inst.offsets, base_rel)
+        cg.line(f"const auto* cp_src = &{ref};")
+        src = inst.src
+        moving = [d for d in range(len(shape)) if any(delta[d] for delta in deltas)]
+        fixed = [d for d in range(len(shape)) if d not in moving]
+        if fixed:
+            cg.line("const bool cp_in = " + " && ".join(
+                f"i{d} >= 0 && i{d} < {cg.expr(src.layout.shape[d])}" for d in fixed) + ";")
+        for it, (delta, addr) in enumerate(zip(deltas, addrs)):
+            partial = not masks[it].all()
+            with cg.block(f"if (tid + {it * threads} < {chunks})" if partial else ""):
+                conds = ["cp_in"] if fixed else []
+                conds += [f"i{d} + {delta[d]} >= 0 && i{d} + {delta[d]} < "
+                          f"{cg.expr(src.layout.shape[d])}" for d in moving]
+                step = " + ".join(f"(lowvm_i64){delta[d]} * {cg.expr(src.layout.strides[d])}"
+                                  for d in moving if delta[d])
+                cg.line(f"const bool inside = {' && '.join(conds) or 'true'};")
+                cg.line(f"const void* src = inside ? (const void*)(cp_src{' + ' if step else ''}"
+                        f"{step}) : (const void*){src.pointer.name};")
+                _cp_async_line(cg, access, addr)
+    return True
+
+
+def _cp_async_line(cg: CudaContext, access: VectorAccess, saddr: str) -> None:
+    """One ``cp.async`` of ``src`` (zero-filled where not ``inside``) to ``saddr``."""
+    cache = "cg" if access.nbytes == 16 else "ca"
+    cg.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], '
+            f'{access.nbytes}, %2;\\n" :: "r"({saddr}), "l"(src), '
+            f'"r"(inside ? {access.nbytes} : 0) : "memory");')
+
+
+def _cp_async_each(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> bool:
+    """Emit every chunk's indices, bounds and addresses on their own (any tiling)."""
+    access, shape = plan.access, inst.tile_shape
     total = math.prod(shape)
     chunks = total // access.width
     threads = cg.program.num_threads
     iters = -(-chunks // threads)
-    cache = "cg" if access.nbytes == 16 else "ca"
-    dst_offsets = inst.dst_start
-
     last = shape[-1]
     step = threads * access.width  # elements between a thread's chunks
     regular = step % last == 0  # each thread keeps its column; rows advance by a constant
-
-    def body() -> None:
+    if regular:
+        cg.line(f"const int cp_col = (tid * {access.width}) % {last};")
+        cg.line(f"const int cp_row = (tid * {access.width}) / {last};")
+    for it in range(iters):
+        # a partial last round: only the threads with a chunk left copy (a guard, not
+        # a break: the rounds are unrolled blocks, not a loop)
+        partial = (it + 1) * threads > chunks
         if regular:
-            cg.line(f"const int cp_col = (tid * {access.width}) % {last};")
-            cg.line(f"const int cp_row = (tid * {access.width}) / {last};")
-        for it in range(iters):
-            # a partial last round: only the threads with a chunk left copy (a guard, not
-            # a break: the rounds are unrolled blocks, not a loop)
-            partial = (it + 1) * threads > chunks
+            row = f"cp_row + {it * step // last}"
+            guard = f"if ({row} < {total // last})" if partial else ""
+        else:
+            guard = f"if (tid + {it * threads} < {chunks})" if partial else ""
+        with cg.block(guard):
             if regular:
-                row = f"cp_row + {it * step // last}"
-                guard = f"if ({row} < {total // last})" if partial else ""
+                rel, rest = ["cp_col"], row
             else:
-                guard = f"if (tid + {it * threads} < {chunks})" if partial else ""
-            with cg.block(guard):
-                if regular:
-                    rel, rest = ["cp_col"], row
-                else:
-                    cg.line(f"const int chunk = tid + {it * threads};")
-                    cg.line(f"const int col = (chunk * {access.width}) % {last};")
-                    rel, rest = ["col"], f"(chunk * {access.width}) / {last}"
-                for d in reversed(range(len(shape) - 1)):
-                    # the row is in range (checked above), so the outermost dim needs no %
-                    cg.line(f"const int j{d} = {rest};" if d == 0 else
-                            f"const int j{d} = ({rest}) % {shape[d]};")
-                    rel.insert(0, f"j{d}")
-                    rest = f"({rest}) / {shape[d]}"
-                ref, inside = global_ref(cg, inst.src, inst.offsets, rel)
-                saddr = _shared_address(cg, inst.dst, dst_offsets, rel)
-                cg.line(f"const bool inside = {inside};")
-                cg.line(f"const void* src = inside ? (const void*)&{ref} : "
-                        f"(const void*){inst.src.pointer.name};")
-                cg.line(f'asm volatile("cp.async.{cache}.shared.global [%0], [%1], '
-                        f'{access.nbytes}, %2;\\n" :: "r"({saddr}), "l"(src), '
-                        f'"r"(inside ? {access.nbytes} : 0) : "memory");')
-
-    cg.line(f"// {inst}")
-    _guarded(cg, inst, access, body)
+                cg.line(f"const int chunk = tid + {it * threads};")
+                cg.line(f"const int col = (chunk * {access.width}) % {last};")
+                rel, rest = ["col"], f"(chunk * {access.width}) / {last}"
+            for d in reversed(range(len(shape) - 1)):
+                # the row is in range (checked above), so the outermost dim needs no %
+                cg.line(f"const int j{d} = {rest};" if d == 0 else
+                        f"const int j{d} = ({rest}) % {shape[d]};")
+                rel.insert(0, f"j{d}")
+                rest = f"({rest}) / {shape[d]}"
+            ref, inside = global_ref(cg, inst.src, inst.offsets, rel)
+            saddr = _shared_address(cg, inst.dst, inst.dst_start, rel)
+            cg.line(f"const bool inside = {inside};")
+            cg.line(f"const void* src = inside ? (const void*)&{ref} : "
+                    f"(const void*){inst.src.pointer.name};")
+            _cp_async_line(cg, access, saddr)
+    return True
 
 
 # ---------------------------------------------------------------------------------------
 # ldmatrix
+
+
+def _ldmatrix_lanes(trans: bool, first: int, count: int, tid: np.ndarray | None = None):
+    """(thread, local) of the tile element whose row address each lane supplies to one
+    ``ldmatrix.x{count}`` call: C expressions of ``tid``, or int arrays for ``tid``."""
+    if tid is None:
+        matrix = f"((tid >> 3) & {count - 1})"
+        if trans:
+            return ("((tid & ~31) + ((tid & 7) >> 1))",
+                    f"(2 * ({first} + {matrix}) + (tid & 1))")
+        return "((tid & ~31) + 4 * (tid & 7))", f"(2 * ({first} + {matrix}))"
+    matrix = (tid >> 3) & (count - 1)
+    if trans:
+        return (tid & ~31) + ((tid & 7) >> 1), 2 * (first + matrix) + (tid & 1)
+    return (tid & ~31) + 4 * (tid & 7), 2 * (first + matrix)
 
 
 def _emit_ldmatrix(inst: LoadShared, plan: LdmatrixPlan, cg: CudaContext) -> None:
@@ -172,16 +315,23 @@ def _emit_ldmatrix(inst: LoadShared, plan: LdmatrixPlan, cg: CudaContext) -> Non
     lay, tensor = inst.out.layout, inst.src
     words = f"reinterpret_cast<lowvm_u32*>({cg.name(inst.out)})"
     suffix = ".trans" if plan.trans else ""
+    tid = np.arange(cg.program.num_threads, dtype=np.int64)
+    rels = []
     for first, count in plan.calls:
-        matrix = f"((tid >> 3) & {count - 1})"
-        if plan.trans:
-            thread = "((tid & ~31) + ((tid & 7) >> 1))"
-            local = f"(2 * ({first} + {matrix}) + (tid & 1))"
+        thread, local = _ldmatrix_lanes(plan.trans, first, count, tid)
+        row = lay.table[thread % lay.num_threads, local % lay.local_size]
+        rels.append([row[:, d] for d in range(lay.rank)])
+    first0, count0 = plan.calls[0]
+    thread0, local0 = _ldmatrix_lanes(plan.trans, first0, count0)
+    addrs = _related_addresses(cg, tensor, inst.offsets, rels,
+                               [cg.index(lay, d, local0, thread0) for d in range(lay.rank)])
+    for i, (first, count) in enumerate(plan.calls):
+        if addrs is not None:
+            addr = addrs[i]
         else:
-            thread = "((tid & ~31) + 4 * (tid & 7))"
-            local = f"(2 * ({first} + {matrix}))"
-        rel = [cg.index(lay, d, local, thread) for d in range(lay.rank)]
-        addr = _shared_address(cg, tensor, inst.offsets, rel)
+            thread, local = _ldmatrix_lanes(plan.trans, first, count)
+            rel = [cg.index(lay, d, local, thread) for d in range(lay.rank)]
+            addr = _shared_address(cg, tensor, inst.offsets, rel)
         regs = ", ".join(f"%{i}" for i in range(count))
         outs = ", ".join(f'"=r"({words}[{first + i}])' for i in range(count))
         cg.line(f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{suffix}.shared.b16 '
