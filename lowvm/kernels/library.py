@@ -243,33 +243,31 @@ def tuned_schedule(m: int, weight: QuantWeight, cache: Any = None) -> GemmSchedu
     cache (``$LOWVM_TUNE_CACHE``, default ``~/.cache/lowvm/tune.json``), when there is
     one that this weight's repacked format can run; else None (``choose_schedule``).
 
+    The entry is rebuilt field for field (``x_whole``, ``x_rows``, ``prefetch``,
+    ``k_slice``, ...: the tuner measured exactly that schedule against the built-in
+    choice); an entry of the first cache format is mapped as before, with a one-time
+    warning. A pick this call could not run (another format, K steps it does not divide,
+    x_whole too short for this K) is ignored, so the planner never raises on it.
     ``quant_linear`` asks once per call shape and process: a schedule tuned later is used
-    by the next process. An unreadable cache is reported once and ignored.
+    by the next process. An unreadable cache or entry is reported once and ignored.
     """
-    from lowvm.tune.cache import TuneCache, TuneKey
+    from lowvm.tune.cache import TuneCache, TuneKey, gemm_schedule_from_entry
     from lowvm.tune.errors import TuneError
+    from lowvm.tune.space import runnable_reason
 
     try:
         gpu = _device_name(weight.packed.device)
         entry = (cache or TuneCache()).get(TuneKey.for_problem(
             gpu, weight.wtype.name, weight.group, weight.n, weight.k, m))
+        if entry is None:
+            return None
+        s = gemm_schedule_from_entry(entry, m)
     except TuneError as exc:
         _warn_once(f"tune-cache: {exc}")
         return None
-    if entry is None:
+    if runnable_reason(s, m, weight.n, weight.k, weight.bk) is not None:
         return None
-    c = entry.get("schedule", {})
-    try:
-        s = GemmSchedule(bm=int(c["bm"]), bn=int(c["bn"]), bk=int(c["bk"]),
-                         warps_m=int(c["warps_m"]), warps_n=int(c["warps_n"]),
-                         split=int(c.get("split_k", 1)),
-                         stages=int(c["stages"]) if int(c.get("stages", 1)) > 1 else None,
-                         prefetch=1, fused_split=m <= 16)
-    except (KeyError, TypeError, ValueError):
-        return None
-    fits = (_reads_format(s, weight.bk) and s.bm % (16 * s.warps_m) == 0
-            and (weight.k // weight.bk) % s.split == 0)
-    return s if fits else None
+    return s
 
 
 def _device_name(device: Any) -> str:

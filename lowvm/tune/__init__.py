@@ -1,11 +1,14 @@
-"""Schedules, a static performance model and an autotuner with an on-disk cache.
+"""Schedule spaces, a static performance model and an autotuner with an on-disk cache.
 
-A :class:`Schedule` (tile sizes, warps, pipeline stages, split-K factor) is what a VM
-program template takes as compile-time constants (``schedule.constants()``). The
-:class:`Autotuner` ranks a path's schedule space with :mod:`lowvm.tune.model`, measures
-only the top candidates through an injected ``measure(schedule) -> seconds`` and keeps
-the best per (GPU, dtype, group, N, K, M bucket) in a JSON cache
-(``LOWVM_TUNE_CACHE``, default ``~/.cache/lowvm/tune.json``).
+The :class:`Autotuner` searches, by default, :func:`library_space`: the
+:class:`~lowvm.kernels.gemm_schedule.GemmSchedule` variants of the library's built-in
+choice (``choose_schedule``) that ``quant_linear`` can run for the problem. It ranks
+them with :mod:`lowvm.tune.model`, measures the top candidates and always the built-in
+choice through an injected ``measure(schedule) -> seconds``, and keeps the best per
+(GPU, dtype, group, N, K, M bucket) in a JSON cache (``LOWVM_TUNE_CACHE``, default
+``~/.cache/lowvm/tune.json``) that ``quant_linear`` reads back (``tuned_schedule``).
+The generic :class:`Schedule` (tile sizes, warps, stages, split-K of any template's
+``constants()``) and its per-path :func:`schedule_space` remain for other templates.
 """
 
 from lowvm.tune.cache import TuneCache, TuneKey, default_cache_path, m_bucket
@@ -13,6 +16,7 @@ from lowvm.tune.errors import TuneError
 from lowvm.tune.gpu import H100_SXM, GpuSpec
 from lowvm.tune.model import Estimate, estimate, rank
 from lowvm.tune.schedule import PATHS, Problem, Schedule, feasible, path_for_m, schedule_space
+from lowvm.tune.space import builtin_schedule, library_space, runnable_reason
 from lowvm.tune.tuner import Autotuner, TuneResult
 
 __all__ = [
@@ -34,4 +38,7 @@ __all__ = [
     "feasible",
     "path_for_m",
     "schedule_space",
+    "builtin_schedule",
+    "library_space",
+    "runnable_reason",
 ]

@@ -7,20 +7,33 @@ because the best schedule changes with M's magnitude, not its exact value. Write
 to a temporary file in the same folder and are renamed over the old one, so readers
 never see half a file; each write re-reads the file first so entries another process
 added meanwhile are kept.
+
+An entry's ``schedule`` holds every field of the schedule and ``schedule_type`` names
+its class (:class:`~lowvm.kernels.gemm_schedule.GemmSchedule` for the library's
+``quant_gemm``, ``Schedule`` for a generic template), so a cached pick is rebuilt
+exactly, ``x_whole``, ``x_rows``, ``prefetch`` and ``k_slice`` included. Entries
+written before (no ``schedule_type``: the generic ``Schedule``'s seven constants) still
+load; the library maps them to a ``GemmSchedule`` as it did then, with a one-time
+warning to re-tune (they cannot hold what makes its decode schedules fast).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.tune.errors import TuneError
+from lowvm.tune.schedule import Schedule
 
-__all__ = ["ENV_VAR", "MAX_BUCKET", "TuneKey", "m_bucket", "default_cache_path", "TuneCache"]
+__all__ = ["ENV_VAR", "MAX_BUCKET", "TuneKey", "m_bucket", "default_cache_path", "TuneCache",
+           "schedule_to_json", "schedule_from_entry", "gemm_schedule_from_entry"]
 
 ENV_VAR = "LOWVM_TUNE_CACHE"
 MAX_BUCKET = 8192
@@ -109,3 +122,82 @@ class TuneCache:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+_TYPES: dict[str, type] = {"GemmSchedule": GemmSchedule, "Schedule": Schedule}
+_BOOL_FIELDS = {"weights_shared", "fused_split"}
+
+
+def schedule_to_json(s: GemmSchedule | Schedule) -> dict[str, Any]:
+    """``{"schedule_type": ..., "schedule": every field}`` for a cache entry (all fields,
+    defaults too: the entry must not change meaning if a default changes)."""
+    if isinstance(s, (GemmSchedule, Schedule)):
+        return {"schedule_type": type(s).__name__, "schedule": dataclasses.asdict(s)}
+    raise TuneError(f"schedule={s!r}: the cache stores a GemmSchedule or a lowvm.tune "
+                    f"Schedule")
+
+
+def _gemm_schedule(fields: Any) -> GemmSchedule:
+    """A GemmSchedule from stored fields, each checked for its type (JSON has no
+    tuples and a hand-edited file may hold anything); missing fields take the defaults."""
+    if not isinstance(fields, dict):
+        raise TuneError(f"cached GemmSchedule {fields!r} is not a JSON object")
+    names = {f.name for f in dataclasses.fields(GemmSchedule)}
+    unknown = set(fields) - names
+    if unknown:
+        raise TuneError(f"cached GemmSchedule has unknown fields {sorted(unknown)} (written "
+                        f"by a newer lowvm?); accepted: {sorted(names)}")
+    for name, value in fields.items():
+        ok = (isinstance(value, bool) if name in _BOOL_FIELDS
+              else (value is None or _is_int(value)) if name == "stages"
+              else _is_int(value))
+        if not ok:
+            raise TuneError(f"cached GemmSchedule field {name}={value!r}: expected "
+                            f"{'true/false' if name in _BOOL_FIELDS else 'an integer'}"
+                            f"{' or null' if name == 'stages' else ''}")
+    return GemmSchedule(**fields)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def schedule_from_entry(entry: dict[str, Any]) -> GemmSchedule | Schedule:
+    """The schedule of a cache entry, of the class it was stored as (no
+    ``schedule_type``: an entry of the first format, a generic ``Schedule``)."""
+    if not isinstance(entry, dict) or "schedule" not in entry:
+        raise TuneError(f"cache entry {entry!r} has no 'schedule'")
+    kind = entry.get("schedule_type", "Schedule")
+    if kind not in _TYPES:
+        raise TuneError(f"cache entry schedule_type={kind!r}: accepted "
+                        f"{', '.join(_TYPES)}")
+    if kind == "GemmSchedule":
+        return _gemm_schedule(entry["schedule"])
+    constants = entry["schedule"]
+    if not isinstance(constants, dict):
+        raise TuneError(f"cached Schedule {constants!r} is not a JSON object")
+    return Schedule.from_constants(constants)
+
+
+_LEGACY_WARNED: set[str] = set()
+
+
+def gemm_schedule_from_entry(entry: dict[str, Any], m: int) -> GemmSchedule:
+    """The library's ``GemmSchedule`` for a cache entry used at batch ``m``: every field
+    as stored, or for an entry of the first format (a generic ``Schedule``) the mapping
+    the library made then (``split_k`` -> ``split``, ``stages`` <= 1 -> None, prefetch 1,
+    split sums fused at M <= 16), warned about once per process: such an entry has no
+    ``x_whole``/``prefetch``/``k_slice`` and so is slower than the built-in choice at
+    decode; re-tuning replaces it."""
+    s = schedule_from_entry(entry)
+    if isinstance(s, GemmSchedule):
+        return s
+    if "legacy" not in _LEGACY_WARNED:
+        _LEGACY_WARNED.add("legacy")
+        warnings.warn("lowvm: the tuning cache holds entries of the first format (no "
+                      "x_whole, x_rows, prefetch or k_slice); they are used as before, but "
+                      "re-tune (Autotuner.tune(..., force=True)) to search the library's "
+                      "schedules", stacklevel=3)
+    return GemmSchedule(bm=s.bm, bn=s.bn, bk=s.bk, warps_m=s.warps_m, warps_n=s.warps_n,
+                        split=s.split_k, stages=s.stages if s.stages > 1 else None,
+                        prefetch=1, fused_split=m <= 16)

@@ -33,12 +33,15 @@ class GpuSpec:
     max_blocks_per_sm: int = 32
     mem_latency_us: float = 0.8           # one HBM round trip under load
     k_step_us: float = 0.06               # issue + barrier cost of one K step of a block
-    launch_us: float = 2.5                # the split-K reduction: a second kernel, or
-    #                                       the last block's fence, ticket and pass
+    launch_us: float = 2.5                # an unfused split-K reduction: a second kernel
+    arrive_us: float = 1.0                # a fused one: the last block's fence, ticket
+    #                                       and pass over its tile
+    l2_latency_us: float = 0.35           # one L2 round trip (an x copy waited for)
+    l2_tbps: float = 10.0                 # L2 -> SM bandwidth, all SMs together
 
     def __post_init__(self) -> None:
         for name in ("sms", "hbm_tbps", "tensor_tflops", "alu_tops", "regs_per_sm",
-                     "smem_per_sm", "max_threads_per_sm", "max_blocks_per_sm"):
+                     "smem_per_sm", "max_threads_per_sm", "max_blocks_per_sm", "l2_tbps"):
             if not getattr(self, name) > 0:
                 raise TuneError(f"GpuSpec.{name}={getattr(self, name)!r}: must be positive")
 

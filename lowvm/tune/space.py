@@ -1,0 +1,198 @@
+"""The schedules the library can run for one problem: its built-in choice and variants.
+
+The generic :func:`~lowvm.tune.schedule.schedule_space` describes tilings of a GEMM in
+general; most of them cannot read the library's repacked weights (the format fixes
+``bk`` and a 64-wide N tile read by 4 warps, or 1-2 of those warps' rows) and it has
+no name for what makes the library's decode kernel fast (x held whole in shared memory,
+register prefetch depth, K slices). A tuner searching it can only find schedules worse
+than :func:`~lowvm.kernels.library.choose_schedule` at decode. So the space searched for
+the library starts at that choice and varies what ``quant_gemm`` takes, keeping only
+schedules that pass the checks the library applies before it compiles one
+(:func:`runnable_reason`: those of ``library._plan``, ``quant_gemm``'s static asserts
+and the compiler's shared-memory limit), so every candidate measured is one
+``quant_linear`` would accept.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.library import (
+    NUM_SMS_DEFAULT,
+    WEIGHT_BN,
+    WEIGHT_WARPS_N,
+    X_WHOLE_BYTES,
+    _reads_format,
+    choose_schedule,
+    weight_bk,
+)
+from lowvm.tune.errors import TuneError
+from lowvm.tune.schedule import Problem
+
+__all__ = ["SPLITS", "PREFETCHES", "STAGES", "K_SLICES", "SHARED_LIMIT", "format_bk",
+           "builtin_schedule", "runnable_reason", "shared_bytes", "library_space"]
+
+#: split-K factors tried (each needs K / bk steps divisible by split x steps per copy)
+SPLITS = (1, 2, 4, 8, 16)
+#: K steps of weights held in flight in registers
+PREFETCHES = (1, 2, 4)
+#: pipeline depths of streamed x (None: one buffer, copied and waited for in place)
+STAGES: tuple[int | None, ...] = (None, 2, 3, 4)
+#: K slices of the step's MMAs tried at 16 < M <= 64 (0: the whole step)
+K_SLICES = (0, 16, 32)
+
+
+def format_bk(problem: Problem) -> int:
+    """The K tile of the weight format ``prepare_weight`` makes for ``problem``'s group
+    (what every runnable schedule's ``bk`` must be)."""
+    return weight_bk(problem.group, problem.k)
+
+
+def _check_problem(problem: Problem) -> None:
+    if problem.n % WEIGHT_BN:
+        raise TuneError(f"Problem.n={problem.n}: the library's weight format needs N to be a "
+                        f"multiple of {WEIGHT_BN}")
+    bk = format_bk(problem)
+    if problem.k % bk or problem.group % bk:
+        raise TuneError(f"Problem: K={problem.k} and group={problem.group} must be multiples "
+                        f"of the format's K tile {bk}")
+
+
+def builtin_schedule(problem: Problem) -> GemmSchedule:
+    """What ``quant_linear`` runs for ``problem`` through ``quant_gemm`` without a tuned
+    entry: ``choose_schedule`` with the library's SM count (``_plan`` passes none), so
+    the tuner compares against exactly the schedule it would replace."""
+    _check_problem(problem)
+    return choose_schedule(problem.m, problem.n, problem.k, format_bk(problem),
+                           NUM_SMS_DEFAULT)
+
+
+def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | None:
+    """Why ``quant_linear`` (``library._plan`` and ``quant_gemm``'s static asserts) would
+    refuse ``s`` for ``x [m, k]`` and a weight ``[n, k]`` of format K tile ``bk``; None
+    when it runs. Checked here so that neither the tuner nor a cached entry ever hands
+    the library a schedule it raises on."""
+    if not _reads_format(s, bk):
+        return (f"does not read the weight format (bk={bk}; bn={WEIGHT_BN} with "
+                f"warps_n={WEIGHT_WARPS_N}, or bn = 16 x warps_n = 16 or 32 without "
+                f"weights_shared)")
+    if n % s.bn or n % WEIGHT_BN:
+        return f"bn={s.bn} does not tile N={n}"
+    if s.warps_m < 1 or s.bm % (16 * s.warps_m):
+        return f"bm={s.bm} is not a multiple of 16 x warps_m={s.warps_m}"
+    if s.split < 1 or s.prefetch < 1 or s.x_steps < 0 or s.l2_ahead < 0 or s.min_blocks < 1:
+        return "split, prefetch and min_blocks must be >= 1, x_steps and l2_ahead >= 0"
+    if s.stages is not None and s.stages < 1:
+        return f"stages={s.stages} must be None or >= 1"
+    if s.x_steps % s.prefetch:
+        return f"x_steps={s.x_steps} is not a multiple of prefetch={s.prefetch}"
+    if k % s.bk or (k // s.bk) % (s.split * s.steps_per_copy):
+        return (f"K / bk = {k // s.bk} steps are not a multiple of split x steps per copy "
+                f"= {s.split * s.steps_per_copy}")
+    if s.k_slice and (s.k_slice < 0 or s.k_slice % 16 or s.bk % s.k_slice):
+        return f"k_slice={s.k_slice} is not a multiple of 16 dividing bk={s.bk}"
+    if s.x_rows not in (0, 1, s.bm) or (s.x_rows == 1 and not s.x_whole):
+        return f"x_rows={s.x_rows}: accepted 0, bm, or 1 with x_whole"
+    if s.x_whole:
+        if s.x_whole % s.bk or s.x_whole < k // s.split:
+            return (f"x_whole={s.x_whole} is not a multiple of bk={s.bk} holding K / split "
+                    f"= {k // s.split}")
+        if s.weights_shared or s.x_steps or s.l2_ahead or s.stages:
+            return "x_whole takes no weights_shared, x_steps, l2_ahead or stages"
+    if s.weights_shared and (s.prefetch != 1 or s.bn != WEIGHT_BN or s.x_steps > 1
+                             or s.l2_ahead):
+        return "weights_shared needs prefetch 1, bn 64, x_steps 0 or 1 and no l2_ahead"
+    if shared_bytes(s) > SHARED_LIMIT:
+        return (f"needs {shared_bytes(s)} bytes of shared memory per block, over the "
+                f"{SHARED_LIMIT} the compiler accepts")
+    return None
+
+
+#: shared memory a block may use (sm_90's 227 KB; the compiler refuses more)
+SHARED_LIMIT = 227 * 1024
+
+
+def shared_bytes(s: GemmSchedule) -> int:
+    """Shared memory ``quant_gemm`` allocates for ``s`` with 16-bit activations: x held
+    whole (``rows x x_whole``), or ``stages`` (at least one) buffers of ``bm x bk x steps
+    per copy``, plus with ``weights_shared`` each stage's weight tile (8-bit bound) and
+    scales and zeros."""
+    if s.x_whole:
+        return s.rows * s.x_whole * 2
+    depth = max(1, s.stages or 1)
+    x = depth * s.bm * s.bk * s.steps_per_copy * 2
+    return x + (depth * (s.bn * s.bk + 4 * s.bn) if s.weights_shared else 0)
+
+
+def _x_whole_fits(rows: int, cols: int, act_bytes: int) -> bool:
+    """The library's own bound on x held whole (``X_WHOLE_BYTES`` per block), which keeps
+    several blocks per SM."""
+    return rows * cols * act_bytes <= X_WHOLE_BYTES
+
+
+def library_space(problem: Problem, builtin: GemmSchedule | None = None
+                  ) -> list[GemmSchedule]:
+    """Every schedule ``quant_linear`` can run for ``problem`` that varies the built-in
+    choice along the axes that decide its speed; the built-in choice first.
+
+    Varied: split in :data:`SPLITS` (each block keeping >= 1 K step), N tiles of the
+    format's 64, 32 or 16 columns (1-4 of its warps), and by path:
+
+    * decode (M <= 16): x held whole (``x_whole``, where it fits ``X_WHOLE_BYTES``; at
+      M = 1 also one row, ``x_rows=1``) or streamed (``stages`` in :data:`STAGES`, or
+      weights staged in shared memory), ``prefetch`` in :data:`PREFETCHES`;
+    * 16 < M <= 64: one M-warp with ``k_slice`` 16 or 32, or two with any of
+      :data:`K_SLICES`; x streamed; split sums finished by a second kernel like the
+      built-in choice;
+    * M > 64 (``quant_gemm``, which ``quant_linear`` runs when the prefill kernel would
+      have too few blocks): 128- or 64-row tiles, x streamed.
+
+    Fields the built-in choice leaves at their defaults and that measured slower where
+    tried (``x_steps``, ``l2_ahead``, ``min_blocks``) stay as it has them.
+    """
+    base = builtin if builtin is not None else builtin_schedule(problem)
+    _check_problem(problem)
+    m, n, k, bk = problem.m, problem.n, problem.k, format_bk(problem)
+    steps = k // bk
+    decode = m <= 16
+    if decode:
+        tiles = [(16, 1, 0)]
+    elif m <= 64:
+        tiles = [(64, 1, 16), (64, 1, 32)] + [(64, 2, ks) for ks in K_SLICES]
+    else:
+        tiles = [(128, 4, 0), (64, 2, 0)]
+    out: list[GemmSchedule] = [base]
+    seen = {base}
+
+    def add(s: GemmSchedule) -> None:
+        if s not in seen and runnable_reason(s, m, n, k, bk) is None:
+            seen.add(s)
+            out.append(s)
+
+    for (bm, warps_m, k_slice), split, (bn, warps_n) in itertools.product(
+            tiles, SPLITS, ((WEIGHT_BN, WEIGHT_WARPS_N), (32, 2), (16, 1))):
+        if steps % split:
+            continue
+        block_steps = steps // split
+        common = dict(bm=bm, bn=bn, bk=bk, warps_m=warps_m, warps_n=warps_n, split=split,
+                      k_slice=k_slice, fused_split=decode, x_steps=0, l2_ahead=0,
+                      min_blocks=1, weights_shared=False)
+        for prefetch in PREFETCHES:
+            if block_steps % prefetch:
+                continue
+            if decode:
+                for rows in ((1, bm) if m == 1 else (bm,)):
+                    if _x_whole_fits(rows, k // split, problem.act_bytes):
+                        add(GemmSchedule(**common, stages=None, prefetch=prefetch,
+                                         x_whole=k // split, x_rows=1 if rows == 1 else 0))
+            for stages in STAGES:
+                if stages is None or block_steps // prefetch >= stages:
+                    add(GemmSchedule(**common, stages=stages, prefetch=prefetch))
+        if bn == WEIGHT_BN:
+            for stages in STAGES[1:]:
+                if block_steps >= stages:
+                    add(GemmSchedule(**{**common, "weights_shared": True}, stages=stages,
+                                     prefetch=1))
+    return out
+
