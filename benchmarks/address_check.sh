@@ -8,7 +8,6 @@
 # Run: bash benchmarks/address_check.sh   (carry: .carry)
 set -uo pipefail
 . benchmarks/device_env.sh address_check_out
-export PYTHONPATH=.carry/gemlite_src:.
 timeout 270 python -m pytest -m gpu -q -p no:cacheprovider -n 8 tests > "$OUT/pytest_gpu.log" 2>&1
 tests_rc=$?
 for mode in plain related; do

@@ -4,6 +4,8 @@
 OUT="${OUT:-$1}"
 mkdir -p "$OUT"
 export PYTHONPATH=. PYTHONUNBUFFERED=1 LOWVM_CACHE_DIR=/tmp/lowvm-cache
+# GemLite's source, where carried (benchmarks/carry_gemlite.sh; run with carry: .carry)
+[ -d .carry/gemlite_src ] && export PYTHONPATH=.carry/gemlite_src:.
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "commit: ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
   | tee -a "$OUT/gpu.txt"

@@ -167,9 +167,16 @@ def test_quant_matmul_weight_chain_gets_the_hand_written_layouts():
     (quant_matmul_no_layouts, {"wtype": lowvm.int4}),
     (quant_matmul_no_layouts, {"wtype": lowvm.int3, "group": 128}),
 ])
-def test_programs_without_layouts_compile(template, constants, arch):
+def test_programs_without_layouts_compile(template, constants, arch, request):
     from lowvm.runtime import resource_usage
 
+    if template is quant_matmul_no_layouts and arch == "sm_90" and "group" not in constants:
+        # measured exception, kept visible (strict: fails once fixed); as test_codegen's
+        # KNOWN_SPILLS entry for the laid-out example
+        request.applymarker(pytest.mark.xfail(strict=True, reason=(
+            "ptxas for sm_90 fits the example GEMM in 40 registers by spilling its K-loop "
+            "bound (4 bytes) since the related shared addresses; __launch_bounds__(128, 1) "
+            "gives 80 registers and no spill, sm_80 64 and none")))
     cuda = generate_cuda(template.build(**constants))
     usage = resource_usage(cuda.source, arch)[cuda.kernel_name]
     assert usage["registers"] > 0

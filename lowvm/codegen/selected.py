@@ -220,21 +220,26 @@ def _cp_async_related(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> bo
         cg.line(f"const auto* cp_src = &{ref};")
         src = inst.src
         moving = [d for d in range(len(shape)) if any(delta[d] for delta in deltas)]
-        fixed = [d for d in range(len(shape)) if d not in moving]
-        if fixed:
-            cg.line("const bool cp_in = " + " && ".join(
-                f"i{d} >= 0 && i{d} < {cg.expr(src.layout.shape[d])}" for d in fixed) + ";")
+        ahead = [d for d in moving if all(delta[d] >= 0 for delta in deltas)]
+        # tested once: the whole range of dims no chunk moves along, the lower bound of
+        # those the chunks only move forward along (i + delta >= 0 follows from i >= 0)
+        once = [f"i{d} >= 0 && i{d} < {cg.expr(src.layout.shape[d])}" for d in range(len(shape))
+                if d not in moving] + [f"i{d} >= 0" for d in ahead]
+        if once:
+            cg.line(f"const bool cp_in = {' && '.join(once)};")
         for it, (delta, addr) in enumerate(zip(deltas, addrs)):
             partial = not masks[it].all()
             with cg.block(f"if (tid + {it * threads} < {chunks})" if partial else ""):
-                conds = ["cp_in"] if fixed else []
-                conds += [f"i{d} + {delta[d]} >= 0 && i{d} + {delta[d]} < "
-                          f"{cg.expr(src.layout.shape[d])}" for d in moving]
+                conds = ["cp_in"] if once else []
+                for d in moving:
+                    bound = f"i{d} + {delta[d]} < {cg.expr(src.layout.shape[d])}"
+                    conds.append(bound if d in ahead else f"i{d} + {delta[d]} >= 0 && {bound}")
                 step = " + ".join(f"(lowvm_i64){delta[d]} * {cg.expr(src.layout.strides[d])}"
                                   for d in moving if delta[d])
                 cg.line(f"const bool inside = {' && '.join(conds) or 'true'};")
-                cg.line(f"const void* src = inside ? (const void*)(cp_src{' + ' if step else ''}"
-                        f"{step}) : (const void*){src.pointer.name};")
+                # src-size 0 outside: nothing is read (zero fill), so the pointer needs no
+                # clamp to a valid address (as CUTLASS's zero-filling cp.async does)
+                cg.line(f"const void* src = (const void*)(cp_src{' + ' if step else ''}{step});")
                 _cp_async_line(cg, access, addr)
     return True
 
