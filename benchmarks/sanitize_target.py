@@ -1,6 +1,7 @@
 """Small quantized-GEMM launches for compute-sanitizer memcheck/racecheck runs: the example
 ``quant_matmul`` and the library's ``quant_gemm`` in its decode (split-K, prefetch,
-zero points) and prefill (pipelined x, 4x4 warps) schedules, with a masked M."""
+zero points) and prefill (pipelined x, 4x4 warps) schedules and quant_gemm_prefill,
+with a masked M."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ import torch
 
 import lowvm
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear
+from lowvm.kernels.library import (
+    choose_schedule,
+    prefill_quant_linear,
+    prepare_weight,
+    quant_linear,
+)
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 
 m, n, k, group = 17, 128, 256, 64
@@ -33,5 +39,7 @@ for rows in (3, 130):
             out = quant_linear(xs, weight, base.resplit(k, split=split, prefetch=prefetch))
     # one x row read as all 16, a block per row of y (3 of them)
     out = quant_linear(xs, weight, GemmSchedule(split=2, prefetch=2, x_whole=k // 2, x_rows=1))
+    # the prefill kernel, rows masked (cp.async chunks past M read nothing: src-size 0)
+    out = prefill_quant_linear(xs, weight)
 torch.cuda.synchronize()
 print("sanitize targets ran; y[0, :4] =", y[0, :4].tolist(), "out[0, :2] =", out[0, :2].tolist())
