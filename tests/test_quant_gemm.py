@@ -183,8 +183,9 @@ def test_choose_schedule_holds_x_whole_where_it_fits():
 
 def test_choose_schedule_converts_each_weight_once_up_to_64_rows():
     """16 < M <= 64: one M-warp over the 64 rows with K-sliced MMAs (k_slice), 16-deep
-    where K >= 14336; M = 16 and M > 64 keep their schedules."""
-    for k, n, depth in ((4096, 28672, 32), (4096, 6144, 32), (14336, 4096, 16)):
+    where K >= 14336 or the grid is not split; M = 16 and M > 64 keep their schedules."""
+    for k, n, depth in ((4096, 28672, 16), (4096, 6144, 32), (14336, 4096, 16),
+                        (8192, 10240, 32)):
         for m in (17, 64):
             s = choose_schedule(m, n, k, 128)
             assert (s.bm, s.warps_m, s.k_slice, s.fused_split) == (64, 1, depth, False)

@@ -227,8 +227,10 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # one M-warp covers the 64 rows, the K step's MMAs over k_slice-deep slices, so
         # each weight is converted once, not once per M-warp: measured 7-17 % faster than
         # two M-warps on the five Llama shapes (4096 x 6144: 29.2 -> 26.0 us; slices of 16
-        # won by 2-5 % where K >= 14336; NOTES.md, sixth session)
-        warps_m, k_slice = 1, 16 if k >= 14336 else 32
+        # won by 2-5 % where K >= 14336; NOTES.md, sixth session). With the related
+        # addresses (seventh session) slices of 16 also won on the unsplit 4096 x 28672
+        # grid, 66.7 -> 62.0 us, and lost 3 % on the split ones with K < 14336
+        warps_m, k_slice = 1, 16 if k >= 14336 or split == 1 else 32
     else:
         k_slice = 0
     # the other split-8 decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
