@@ -5,7 +5,7 @@ median of 30; cuBLAS fp16 in the same process. Every lowvm result is first check
 against a float32 product of the dequantised weight (relative error printed).
 Usage: python benchmarks/gemm_quick.py --out results.json
 (``--prefill-kernel quant_gemm_prefill`` also times quant_gemm_prefill for M > 64, beside
-quant_gemm; ``--prefill-schedules`` lists its schedules as bm:bn:warps_m:warps_n:stages.)
+quant_gemm; ``--prefill-schedules`` lists its schedules as bm:bn:warps_m:warps_n:stages[:split].)
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
     if args.prefill_schedules:
         scheds = []
         for spec in args.prefill_schedules.split(","):
-            bm, bn, wm, wn, st = (int(v) for v in spec.split(":"))
-            scheds.append(GemmSchedule(bm, bn, qw.bk, wm, wn, 1, st or None, 1))
+            bm, bn, wm, wn, st, *split = (int(v) for v in spec.split(":"))
+            scheds.append(GemmSchedule(bm, bn, qw.bk, wm, wn, split[0] if split else 1,
+                                       st or None, 1))
     rows = []
     for s in scheds:
         y = prefill_quant_linear(x, qw, s)
