@@ -75,20 +75,23 @@ def _offset_table(tensor: SharedTensor, offsets, rel: list[np.ndarray]) -> np.nd
     return swizzled_offsets(tensor.layout, index)
 
 
-def related_addresses_enabled() -> bool:
-    """False under ``LOWVM_PLAIN_ADDRESSES=1``: every access then computes its own address
-    (the lowering before the related one; kept to measure one against the other)."""
-    return os.environ.get("LOWVM_PLAIN_ADDRESSES", "") != "1"
+def related_addresses_enabled(kind: str) -> bool:
+    """False under ``LOWVM_PLAIN_ADDRESSES=1`` (or a comma list naming ``kind``:
+    ``cp_async``, ``ldmatrix``): those accesses then compute their own addresses (the
+    lowering before the related one; kept to measure one against the other)."""
+    plain = os.environ.get("LOWVM_PLAIN_ADDRESSES", "").split(",")
+    return "1" not in plain and kind not in plain
 
 
 def _related_addresses(cg: CudaContext, tensor: SharedTensor, offsets, rels: list,
-                       base_rel: list[str], masks: list | None = None) -> list[str] | None:
+                       base_rel: list[str], masks: list | None = None,
+                       kind: str = "ldmatrix") -> list[str] | None:
     """Shared-space addresses of several accesses (``rels``: per access, the tile index
     of every thread as int arrays), each as the thread's base offset (``base_rel``, the
     first access's index expressions at zero offsets) XOR and plus a constant; None when
     some access is not so related for every thread that makes it (``masks``: per access,
     which threads do; default all) (:mod:`thread_offsets`)."""
-    if not related_addresses_enabled():
+    if not related_addresses_enabled(kind):
         return None
     zeros = [0] * len(offsets)
     base = _offset_table(tensor, zeros, rels[0])
@@ -210,7 +213,8 @@ def _cp_async_related(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> bo
         masks.append(mask)
         deltas.append([int(d[0]) if d.size else 0 for d in step])
     base_rel = [f"j{d}" for d in range(len(shape))]
-    addrs = _related_addresses(cg, inst.dst, inst.dst_start, rels, base_rel, masks)
+    addrs = _related_addresses(cg, inst.dst, inst.dst_start, rels, base_rel, masks,
+                               "cp_async")
     if addrs is None:
         return False
     with cg.block(""):
