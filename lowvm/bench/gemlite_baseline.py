@@ -36,6 +36,17 @@ So that a run prepares GemLite in seconds, :func:`plan_call` routes each M:
 ``LOWVM_GEMLITE_AUTOTUNE=1`` turns 2 and 3 off: GemLite's own kernel choice, autotuned
 wherever nothing is shipped (GemLite out of the box; slow to prepare). On another sm_90
 GPU (an H200), where ``import gemlite`` loads no file, the H100 file is loaded.
+
+Accuracy at M = 1 (GemLite's own path, not the routing). GemLite's M = 1 kernel,
+GEMV_REVSPLITK, gives each program ``2 * BLOCK_SIZE_K`` of K, sums them in fp32 and adds
+the partial sum into the fp16 output with an fp16 atomic: ``K / (2 BLOCK_SIZE_K)`` fp16
+roundings per output (BLOCK_SIZE_K is 8 in most shipped H100 configs: 256 at K = 4096,
+1792 at K = 28672). The error grows as their square root: 2.3e-3 at K = 4096, 3.4e-3 at
+8192, 4.3e-3 at 14336, 6.2e-3 at 28672 against float64 (H100, 2026-11-24), so from
+K = 8192 GemLite's M = 1 rows fail the harness's fp16 tolerance (3e-3, the same for every
+kernel). GEMM_SPLITK (M > 1) adds only SPLIT_K <= 16 partials and stays near 6e-4.
+``benchmarks/gemlite_probe.py`` checks this (the same kernel with an fp32 output) and
+compares the routing here with GemLite's own ``forward`` kernel by kernel.
 """
 
 from __future__ import annotations
