@@ -173,7 +173,7 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     measured slower at M = 64), and finishes the sums with a second kernel (the in-kernel
     reduction measured slower there: 4096 x 6144, M = 64: 41.4 vs 33.3 us).
     Split-8 decode grids with 8..23 K steps per block prefetch two steps of weights with
-    x double-buffered (14336 x 4096: 22.3 vs 24.7 us); other split-8 grids pipeline x four
+    x double-buffered (14336 x 4096: 22.3 vs 24.7 us); other split-8 grids pipeline x three
     deep, one step of weights ahead.
     Fitted to the H100 decode sweeps of NOTES.md (2026-11-23, fused split-K): e.g.
     4096 x 6144 split 8 13.6 us, 8192 x 10240 split 4 28.2, 28672 x 8192 split 8 60.9,
@@ -233,10 +233,13 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         warps_m, k_slice = 1, 16 if k >= 14336 or split == 1 else 32
     else:
         k_slice = 0
-    # the other split-8 decode grids (and M > 16) pipeline x 4 (3) deep instead: measured
-    # 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192) at split 8
+    # the other split-8 decode grids (and M > 16) pipeline x 3 deep instead, one step of
+    # weights ahead: measured 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192)
+    # at split 8 against two steps of weights (fourth session, 4 stages); with the related
+    # shared addresses 4 stages lost 19-36 % on 28672 x 8192 at M = 4 / 16 and 3 stages
+    # won: 91.8 -> 67.6 us at M = 16 (NOTES.md, seventh session)
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=4 if m <= 16 else 3, prefetch=1,
+                        split=split, stages=3, prefetch=1,
                         fused_split=m <= 16, k_slice=k_slice)
 
 
