@@ -298,3 +298,18 @@ def test_prefill_quant_linear_rejects_bad_inputs():
     with pytest.raises(LowvmError, match=r"\{'k_slice': 16\} are options of quant_gemm's "
                                          "decode body"):
         prefill_quant_linear(torch.zeros(4, 256, dtype=torch.float16), qw, decode_only)
+
+
+def test_prefill_split_follows_the_measured_rule():
+    """quant_gemm up to M = 128; the prefill kernel from there where its 256 x 128 tiles
+    give >= 80 blocks, else with K split 2 or 4 ways while blocks keep >= 24 K steps."""
+    from lowvm.kernels.library import choose_prefill_schedule, prefill_split
+
+    assert [prefill_split(m, 28672, 4096, 128) for m in (64, 128, 129, 4096)] == [0, 0, 1, 1]
+    assert prefill_split(256, 4096, 14336, 128) == 4    # 32 blocks -> 128
+    assert prefill_split(256, 8192, 28672, 128) == 2    # 64 blocks -> 128
+    assert prefill_split(256, 6144, 4096, 128) == 0     # split 2 would leave 16 steps
+    assert prefill_split(512, 6144, 4096, 128) == 1     # 96 blocks
+    s = choose_prefill_schedule(256, 4096, 14336, 128, "int4")
+    assert s.split == 4 and (14336 // s.bk) % (s.split * s.prefetch) == 0
+    assert choose_prefill_schedule(4096, 4096, 14336, 128, "int4").split == 1

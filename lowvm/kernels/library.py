@@ -31,19 +31,28 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "tuned_schedule",
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
-           "choose_prefill_schedule"]
+           "choose_prefill_schedule", "prefill_split"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
 WEIGHT_WARPS_N = 4
 NUM_SMS_DEFAULT = 132
-#: which kernel ``quant_linear`` runs for M > 64 without an explicit schedule:
+#: which kernel ``quant_linear`` runs for large M (``prefill_split``) without a schedule:
 #: "quant_gemm_prefill" (measured 1.4-1.6x faster there on the H100) or "quant_gemm"
 PREFILL_KERNEL = "quant_gemm_prefill"
 #: ... when its 256 x 128 tiles give at least this many blocks: with fewer (M = 256 on
 #: N = 4096, 6144 or 8192) it measured slower than quant_gemm's smaller tiles on the H100
 #: (e.g. 14336 x 4096, M = 256: 404 vs 191 us), with 80 (8192 x 10240) faster (237 vs 283)
 PREFILL_MIN_BLOCKS = 80
+#: ... and only from this M: at M = 128 quant_gemm's 128-row tiles measured faster on all
+#: five Llama shapes (4096 x 28672: 158.1 vs 201.2 us, 8192 x 10240: 131.2 vs 195.2;
+#: NOTES.md, seventh session)
+PREFILL_MIN_M = 129
+#: below PREFILL_MIN_BLOCKS blocks the prefill kernel splits K (2 or 4 ways, each block
+#: keeping at least this many K steps) to reach them: M = 256 on 14336 x 4096 measured
+#: 133.2 us at split 4 against quant_gemm's 154.1, 28672 x 8192 396.1 at split 2 against
+#: 533.4; 4096 x 6144 (split 2 would leave 16 steps) keeps quant_gemm, 79.9 vs 89.8
+PREFILL_SPLIT_MIN_STEPS = 24
 
 
 def weight_bk(group: int, k: int) -> int:
@@ -499,24 +508,40 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
     x = _checked(x, weight)
     m, n = x.shape[0], weight.n
-    if (schedule is None and m > 64 and PREFILL_KERNEL == "quant_gemm_prefill"
-            and math.ceil(m / 256) * (n // 128) >= PREFILL_MIN_BLOCKS):
+    if (schedule is None and PREFILL_KERNEL == "quant_gemm_prefill"
+            and prefill_split(m, n, weight.k, weight.bk)):
         return _run(x, weight, None, _prefill_plan)
     return _run(x, weight, schedule, _plan)
+
+
+def prefill_split(m: int, n: int, k: int, bk: int) -> int:
+    """The K split ``quant_linear`` runs :func:`quant_gemm_prefill` with at batch ``m``
+    (see ``PREFILL_MIN_M``, ``PREFILL_MIN_BLOCKS``, ``PREFILL_SPLIT_MIN_STEPS``), or 0
+    where ``quant_gemm`` measured faster."""
+    if m < PREFILL_MIN_M:
+        return 0
+    blocks, steps = math.ceil(m / 256) * (n // 128), k // bk
+    for split in (1, 2, 4):
+        if blocks * split >= PREFILL_MIN_BLOCKS:
+            ok = steps % split == 0 and steps // split >= PREFILL_SPLIT_MIN_STEPS
+            return split if split == 1 or ok else 0
+    return 0
 
 
 def choose_prefill_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str,
                             arch: str = "sm_90") -> GemmSchedule:
     """A :func:`quant_gemm_prefill` schedule: the architecture's default
     (``prefill_schedule_for``: 256 x 128 tiles on 4 x 2 warps from sm_90), or 128 x 64 on
-    2 x 2 warps when N is not a multiple of 128 (both split every type's bytes)."""
+    2 x 2 warps when N is not a multiple of 128 (both split every type's bytes); the
+    256 x 128 tiles split K where :func:`prefill_split` says so."""
     from lowvm.kernels.quant_gemm_prefill import prefill_schedule_for, threads_fit
 
     s = prefill_schedule_for(arch)
     if n % s.bn or not threads_fit(as_dtype(wtype), s):
         s = GemmSchedule(bm=128, bn=WEIGHT_BN, bk=bk, warps_m=2, warps_n=2, split=1,
                          stages=s.stages, prefetch=1)
-    return GemmSchedule(s.bm, s.bn, bk, s.warps_m, s.warps_n, s.split, s.stages, s.prefetch)
+    split = max(1, prefill_split(m, n, k, bk)) if s.bm == 256 else 1
+    return GemmSchedule(s.bm, s.bn, bk, s.warps_m, s.warps_n, split, s.stages, s.prefetch)
 
 
 _PREFILL_PLANS: dict[tuple, tuple[Any, Any, int]] = {}
@@ -570,7 +595,7 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
 def prefill_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
                          ) -> Any:
     """:func:`quant_linear` through :func:`~lowvm.kernels.quant_gemm_prefill.quant_gemm_prefill`
-    (each weight tile dequantised once per block; meant for M > 64), same weights."""
+    (each weight tile dequantised once per block; meant for M > 128), same weights."""
     return _run(_checked(x, weight), weight, schedule, _prefill_plan)
 
 
