@@ -239,6 +239,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # won by 2-5 % where K >= 14336; NOTES.md, sixth session). With the related
         # addresses (seventh session) slices of 16 also won on the unsplit 4096 x 28672
         # grid, 66.7 -> 62.0 us, and lost 3 % on the split ones with K < 14336
+        # Two x stages beat three by 1-3 % on all five shapes in two runs (4096 x 28672:
+        # 63.1 -> 61.7 us); register caps and 32-wide blocks did not help (seventh session)
         warps_m, k_slice = 1, 16 if k >= 14336 or split == 1 else 32
     else:
         k_slice = 0
@@ -248,7 +250,7 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     # shared addresses 4 stages lost 19-36 % on 28672 x 8192 at M = 4 / 16 and 3 stages
     # won: 91.8 -> 67.6 us at M = 16 (NOTES.md, seventh session)
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=3, prefetch=1,
+                        split=split, stages=2 if k_slice else 3, prefetch=1,
                         fused_split=m <= 16, k_slice=k_slice)
 
 
