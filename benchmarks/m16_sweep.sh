@@ -12,11 +12,6 @@ if [ -f benchmarks/gemlite_probe.py ] && [ -d .carry/gemlite_src ]; then
   timeout 240 python benchmarks/gemlite_probe.py --out "$OUT/gemlite_probe.json" > "$OUT/gemlite_probe.log" 2>&1
 fi
 echo; echo "== m16_sweep summary =="; cat "$OUT/gpu.txt"
-python - "$OUT/m16_variants.json" <<'PY' || tail -n 8 /tmp/m16.log
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    v = (f"split={r.get('split')} pf={r.get('prefetch')} st={r.get('stages')} "
-         f"xw={r.get('x_whole')}")
-    print(f" {r['kernel']:<12}{r['k']:>6}x{r['n']:<6}{r['m']:>4}  {v:<40}{r['us']:8.1f}")
-PY
+python benchmarks/rows_table.py "$OUT/m16_variants.json" --fields split,prefetch,stages,x_whole \
+  || tail -n 8 /tmp/m16.log
 [ -f "$OUT/gemlite_probe.log" ] && { echo "-- gemlite probe"; tail -n 40 "$OUT/gemlite_probe.log"; }

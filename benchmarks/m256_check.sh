@@ -16,12 +16,8 @@ for mode in plain related; do
     --shapes 1,4 --out "$OUT/ab_m4_m16_$mode.json" > "/tmp/ab_$mode.log" 2>&1
 done
 echo; echo "== m256_check summary =="; cat "$OUT/gpu.txt"
-python - "$OUT/m256_prefill_split.json" <<'PY' || tail -n 8 /tmp/m256.log
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(f" {r['kernel']:<12}{r['k']:>6}x{r['n']:<6}{r['m']:>5}  split={r.get('split', '-')!s:<3}"
-          f"{r['us']:9.1f} us {r['tflops']:7.1f} TFLOP/s  err {r.get('rel_err', 0):.1e}")
-PY
+python benchmarks/rows_table.py "$OUT/m256_prefill_split.json" --fields split \
+  || tail -n 8 /tmp/m256.log
 echo "-- M = 4 / 16 (plain = per-access addresses, related = base + constant; same run)"
 python benchmarks/ab_table.py "$OUT/ab_m4_m16_plain.json" "$OUT/ab_m4_m16_related.json" \
   --labels plain,related || tail -n 5 /tmp/ab_related.log

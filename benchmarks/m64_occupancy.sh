@@ -9,10 +9,5 @@ timeout 300 python benchmarks/gemm_quick.py --ms 64 --shapes 0,1,2,3,4 \
   --variants base,min_blocks=4,stages=2,stages=2/min_blocks=4,bn=32/warps_n=2/stages=2,bn=32/warps_n=2/stages=2/min_blocks=8 \
   --out "$OUT/m64_occupancy.json" > /tmp/m64o.log 2>&1
 echo; echo "== m64_occupancy summary =="; cat "$OUT/gpu.txt"
-python - "$OUT/m64_occupancy.json" <<'PY' || tail -n 8 /tmp/m64o.log
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    v = (f"bn={r.get('bn')} st={r.get('stages')} mb={r.get('min_blocks')} "
-         f"split={r.get('split')}")
-    print(f" {r['kernel']:<12}{r['k']:>6}x{r['n']:<6}  {v:<34}{r['us']:8.1f}  err {r.get('rel_err') or 0:.1e}")
-PY
+python benchmarks/rows_table.py "$OUT/m64_occupancy.json" --fields bn,stages,min_blocks,split \
+  || tail -n 8 /tmp/m64o.log

@@ -8,9 +8,5 @@ timeout 400 python benchmarks/gemm_quick.py --ms 128,256,512 --shapes 0,1,2,3,4 
   --prefill-kernel quant_gemm_prefill --prefill-schedules 128:64:2:2:2,128:64:2:2:3 \
   --out "$OUT/prefill_tiles.json" > /tmp/pt.log 2>&1
 echo; echo "== prefill_tiles summary =="; cat "$OUT/gpu.txt"
-python - "$OUT/prefill_tiles.json" <<'PY' || tail -n 8 /tmp/pt.log
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    tile = f"{r.get('bm')}x{r.get('bn')} st={r.get('stages')} split={r.get('split')}"
-    print(f" {r['kernel']:<12}{r['k']:>6}x{r['n']:<6}{r['m']:>5}  {tile:<26}{r['us']:9.1f}")
-PY
+python benchmarks/rows_table.py "$OUT/prefill_tiles.json" --fields bm,bn,stages,split \
+  || tail -n 8 /tmp/pt.log

@@ -16,13 +16,8 @@ for mode in plain related; do
 done
 echo; echo "== sweep_check summary =="; cat "$OUT/gpu.txt"
 echo "-- M = 64 variants (us, events after the write flush)"
-python - "$OUT/m64_variants.json" <<'PY' || tail -n 5 /tmp/m64.log
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-for r in rows:
-    v = f"split={r.get('split')} st={r.get('stages')} ks={r.get('k_slice')} wm={r.get('warps_m')} mb={r.get('min_blocks')}"
-    print(f" {r['kernel']:<12}{r['k']:>6}x{r['n']:<6} {v:<42}{r['us']:8.1f}")
-PY
+python benchmarks/rows_table.py "$OUT/m64_variants.json" --fields split,stages,k_slice,warps_m,min_blocks \
+  || tail -n 5 /tmp/m64.log
 echo "-- graph, M = 1 / 16 (plain = per-access addresses, related = base + constant)"
 python benchmarks/ab_table.py "$OUT/ab_graph_plain.json" "$OUT/ab_graph_related.json" \
   --labels plain,related || tail -n 5 /tmp/ab_graph_related.log
