@@ -31,7 +31,7 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "tuned_schedule",
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
-           "choose_prefill_schedule", "prefill_split"]
+           "choose_prefill_schedule", "prefill_split", "plan_refusal"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
@@ -337,21 +337,30 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     if plan is None:
         n, k = weight.n, weight.k
         s = schedule or tuned_schedule(m, weight) or choose_schedule(m, n, k, weight.bk)
-        if not _reads_format(s, weight.bk):
-            raise LowvmError(f"schedule {s} does not match the weight's format "
-                             f"(bk={weight.bk}; bn={WEIGHT_BN} with warps_n={WEIGHT_WARPS_N}, "
-                             f"or bn = 16 x warps_n = 16 or 32 without weights_shared)")
-        if (k // s.bk) % (s.split * s.steps_per_copy):
-            raise LowvmError(f"schedule {s}: K / bk = {k // s.bk} steps must be a multiple "
-                             f"of split x steps per copy = {s.split * s.steps_per_copy}")
-        if s.x_whole and s.x_whole < k // s.split:
-            raise LowvmError(f"schedule {s}: x_whole = {s.x_whole} columns cannot hold a "
-                             f"block's K range, K / split = {k // s.split}; accepted: "
-                             f"x_whole >= {k // s.split}, or 0")
+        refusal = plan_refusal(s, k, weight.bk)
+        if refusal:
+            raise LowvmError(f"schedule {s}: {refusal}")
         gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
                          group=weight.group, zero_point=zero_point, **s.constants())
         plan = _PLANS[key] = (gemm, _finisher(s, bf16), s.rows if s.split > 1 else 0)
     return plan
+
+
+def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:
+    """Why :func:`quant_linear` refuses ``s`` for K = ``k`` and a weight of format K tile
+    ``bk`` (naming the values and what is accepted), or None: the one place both the
+    planner and the tuner's space (``lowvm.tune.space.runnable_reason``) ask."""
+    if not _reads_format(s, bk):
+        return (f"does not match the weight's format (bk={bk}; bn={WEIGHT_BN} with "
+                f"warps_n={WEIGHT_WARPS_N}, or bn = 16 x warps_n = 16 or 32 without "
+                f"weights_shared)")
+    if (k // s.bk) % (s.split * s.steps_per_copy):
+        return (f"K / bk = {k // s.bk} steps must be a multiple of split x steps per copy "
+                f"= {s.split * s.steps_per_copy}")
+    if s.x_whole and s.x_whole < k // s.split:
+        return (f"x_whole = {s.x_whole} columns cannot hold a block's K range, K / split "
+                f"= {k // s.split}; accepted: x_whole >= {k // s.split}, or 0")
+    return None
 
 
 def _reads_format(s: GemmSchedule, bk: int) -> bool:

@@ -8,7 +8,7 @@ register prefetch depth, K slices). A tuner searching it can only find schedules
 than :func:`~lowvm.kernels.library.choose_schedule` at decode. So the space searched for
 the library starts at that choice and varies what ``quant_gemm`` takes, keeping only
 schedules that pass the checks the library applies before it compiles one
-(:func:`runnable_reason`: those of ``library._plan``, ``quant_gemm``'s static asserts
+(:func:`runnable_reason`: ``library.plan_refusal``, ``quant_gemm``'s static asserts
 and the compiler's shared-memory limit), so every candidate measured is one
 ``quant_linear`` would accept.
 """
@@ -23,8 +23,8 @@ from lowvm.kernels.library import (
     WEIGHT_BN,
     WEIGHT_WARPS_N,
     X_WHOLE_BYTES,
-    _reads_format,
     choose_schedule,
+    plan_refusal,
     weight_bk,
 )
 from lowvm.tune.errors import TuneError
@@ -69,14 +69,13 @@ def builtin_schedule(problem: Problem) -> GemmSchedule:
 
 
 def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | None:
-    """Why ``quant_linear`` (``library._plan`` and ``quant_gemm``'s static asserts) would
+    """Why ``quant_linear`` (``library.plan_refusal`` and ``quant_gemm``'s static asserts) would
     refuse ``s`` for ``x [m, k]`` and a weight ``[n, k]`` of format K tile ``bk``; None
     when it runs. Checked here so that neither the tuner nor a cached entry ever hands
     the library a schedule it raises on."""
-    if not _reads_format(s, bk):
-        return (f"does not read the weight format (bk={bk}; bn={WEIGHT_BN} with "
-                f"warps_n={WEIGHT_WARPS_N}, or bn = 16 x warps_n = 16 or 32 without "
-                f"weights_shared)")
+    refusal = plan_refusal(s, k, bk)
+    if refusal:
+        return refusal
     if n % s.bn or n % WEIGHT_BN:
         return f"bn={s.bn} does not tile N={n}"
     if s.warps_m < 1 or s.bm % (16 * s.warps_m):
@@ -87,17 +86,15 @@ def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | N
         return f"stages={s.stages} must be None or >= 1"
     if s.x_steps % s.prefetch:
         return f"x_steps={s.x_steps} is not a multiple of prefetch={s.prefetch}"
-    if k % s.bk or (k // s.bk) % (s.split * s.steps_per_copy):
-        return (f"K / bk = {k // s.bk} steps are not a multiple of split x steps per copy "
-                f"= {s.split * s.steps_per_copy}")
+    if k % s.bk:
+        return f"bk={s.bk} does not divide K={k}"
     if s.k_slice and (s.k_slice < 0 or s.k_slice % 16 or s.bk % s.k_slice):
         return f"k_slice={s.k_slice} is not a multiple of 16 dividing bk={s.bk}"
     if s.x_rows not in (0, 1, s.bm) or (s.x_rows == 1 and not s.x_whole):
         return f"x_rows={s.x_rows}: accepted 0, bm, or 1 with x_whole"
     if s.x_whole:
-        if s.x_whole % s.bk or s.x_whole < k // s.split:
-            return (f"x_whole={s.x_whole} is not a multiple of bk={s.bk} holding K / split "
-                    f"= {k // s.split}")
+        if s.x_whole % s.bk:
+            return f"x_whole={s.x_whole} is not a multiple of bk={s.bk}"
         if s.weights_shared or s.x_steps or s.l2_ahead or s.stages:
             return "x_whole takes no weights_shared, x_steps, l2_ahead or stages"
     if s.weights_shared and (s.prefetch != 1 or s.bn != WEIGHT_BN or s.x_steps > 1
