@@ -15,7 +15,7 @@ from lowvm.codegen import CudaSource, generate_cuda
 from lowvm.expr import compile_exprs
 from lowvm.ir import PointerType, Program, ProgramError
 
-__all__ = ["CompiledProgram", "compile", "current_arch"]
+__all__ = ["CompiledProgram", "compile", "current_arch", "arch_for"]
 
 
 def current_arch() -> str:
@@ -26,6 +26,19 @@ def current_arch() -> str:
         raise ProgramError("no CUDA device: pass arch='sm_80' (or another) to compile only")
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
+
+
+def arch_for(cuda: CudaSource, arch: str) -> str:
+    """``arch``, or its ``a`` variant where the kernel uses sm_90a instructions (``wgmma``,
+    from ``dot_shared``); an error on GPUs without them."""
+    if not cuda.needs_sm90a or arch.endswith("a"):
+        return arch
+    if arch != "sm_90":
+        raise ProgramError(f"{cuda.kernel_name} uses wgmma (dot_shared), which only "
+                           f"sm_90a (H100/H200) runs; got arch={arch!r}. Build the "
+                           "program for sm_80 without dot_shared (e.g. the mma.sync "
+                           "kernels)")
+    return "sm_90a"
 
 
 class CompiledProgram:
@@ -90,7 +103,7 @@ def compile(program: Any, arch: str | None = None, compiler: str = "auto",  # no
     cuda = generate_cuda(program)
     if debug >= 2:
         print(cuda.source)
-    arch = arch or current_arch()
+    arch = arch_for(cuda, arch or current_arch())
     cubin = cached_cubin(cuda.source, arch, compiler)
     if debug >= 3:
         from lowvm.runtime import resource_usage

@@ -59,6 +59,9 @@ class CudaContext:
         self.scratch_offset = 0
         self.scratch_bytes = 0
         self.waits_prior_grid = False  # a wait_prior_grid was emitted
+        #: the tensor cores read shared memory (wgmma): barriers first order the threads'
+        #: shared writes before the async proxy's reads (set before the body is emitted)
+        self.uses_async_proxy = False
         self.counter = 0
 
     # text ---------------------------------------------------------------------------

@@ -42,6 +42,8 @@ class CudaSource:
     #: the kernel waits for the prior grid itself (``vm.wait_prior_grid``), so it may be
     #: launched to overlap that grid
     waits_prior_grid: bool = False
+    #: the kernel uses instructions of sm_90a only (``wgmma``): compile it for ``sm_90a``
+    needs_sm90a: bool = False
 
 
 def _emit(stmt: Stmt, cg: CudaContext) -> None:
@@ -83,6 +85,10 @@ def generate_cuda(program: Program) -> CudaSource:
 
     program = run_passes(program)
     cg = CudaContext(program)
+    from lowvm.passes.instruction_selection import WgmmaPlan
+
+    cg.uses_async_proxy = any(isinstance(inst.impl, WgmmaPlan)
+                              for inst in program.instructions())
     offsets, tiles_bytes = allocate_shared(program)
     cg.shared_offsets = offsets
     _emit(program.body, cg)
@@ -106,11 +112,13 @@ def generate_cuda(program: Program) -> CudaSource:
         f"{shared_bytes} bytes of shared memory",
         f'extern "C" __global__ void __launch_bounds__({bounds}) '
         f"{name}({', '.join(params)}) {{",
-        "  extern __shared__ __align__(16) unsigned char lowvm_smem[];",
+        f"  extern __shared__ __align__({1024 if cg.uses_async_proxy else 16}) "
+        "unsigned char lowvm_smem[];",
         "  const int tid = threadIdx.x;",
         f"  const int lowvm_scratch = {scratch_at};",
         "  (void)lowvm_smem; (void)tid; (void)lowvm_scratch;",
     ]
     decls = ["  " + d for d in cg.declared]
     source = "\n".join([PRELUDE.strip(), "", *header, *decls, *cg.lines, "}", ""])
-    return CudaSource(name, source, program.num_threads, shared_bytes, cg.waits_prior_grid)
+    return CudaSource(name, source, program.num_threads, shared_bytes, cg.waits_prior_grid,
+                      cg.uses_async_proxy)

@@ -89,4 +89,13 @@ __device__ __forceinline__ int lowvm_float2int_sat(float x, int lo, int hi) {
   int v = __float2int_rn(x);
   return v < lo ? lo : (v > hi ? hi : v);
 }
+
+// wgmma shared memory matrix descriptor of a K-major operand with the 128-byte swizzle:
+// start address >> 4 (bits 0-13), leading byte offset 16 (unused by this mode, bits
+// 16-29), 8-row groups 1024 bytes apart (stride byte offset >> 4, bits 32-45), swizzle
+// mode 1 = 128 bytes (bits 62-63)
+__device__ __forceinline__ unsigned long long lowvm_wgmma_desc(unsigned addr) {
+    return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) | (1ull << 16)
+           | (64ull << 32) | (1ull << 62);
+}
 """

@@ -18,7 +18,7 @@ import numpy as np
 from lowvm.codegen.context import CudaContext
 from lowvm.codegen.thread_offsets import Relation, relation, swizzled_offsets
 from lowvm.expr import const_value, is_const
-from lowvm.instructions.dot import Dot
+from lowvm.instructions.dot import Dot, DotShared
 from lowvm.instructions.memory import (
     CopyAsync,
     LoadGlobal,
@@ -28,7 +28,7 @@ from lowvm.instructions.memory import (
     global_ref,
 )
 from lowvm.ir import SharedTensor
-from lowvm.passes.instruction_selection import CpAsyncPlan, LdmatrixPlan, MmaPlan
+from lowvm.passes.instruction_selection import CpAsyncPlan, LdmatrixPlan, MmaPlan, WgmmaPlan
 from lowvm.passes.vectorize import VectorAccess
 
 __all__ = ["emit_selected", "related_addresses_enabled"]
@@ -381,11 +381,51 @@ def _emit_mma(inst: Dot, plan: MmaPlan, cg: CudaContext) -> None:
                 f'{{{c_regs}}};\\n" : {outs} : {ins});')
 
 
+def _emit_wgmma(inst: DotShared, plan: WgmmaPlan, cg: CudaContext) -> None:
+    """One ``wgmma`` per 64-row tile and 16 of K: A from registers, B through a shared
+    memory descriptor (128-byte swizzle, 8-row groups 1024 bytes apart; a K slice is the
+    start address advanced by 32 bytes inside the swizzled row, the swizzle being applied
+    by the hardware on the address bits), then committed and waited for, so the registers
+    and the shared tile are free again when the instruction ends."""
+    cg.line(f"// {inst}")
+    cg.uses_async_proxy = True
+    lead = inst.b.rank - 2
+    index = [cg.expr(o) for o in inst.offsets[:lead]] + [cg.expr(inst.offsets[lead]), "0"]
+    linear = " + ".join(f"({i}) * {st}" for i, st in zip(index, inst.b.layout.strides)
+                        if st != 0) or "0"
+    out, n = cg.name(inst.out), plan.n
+    if inst.out is not inst.c:
+        cg.line(f"memcpy({out}, {cg.name(inst.c)}, sizeof({out}));")
+    ptx = _PTX_TYPES[inst.a.dtype.name]
+    nd = n // 2  # accumulator floats per thread per 64-row tile
+    d_regs = ", ".join(f"%{i}" for i in range(nd))
+    a_regs = ", ".join(f"%{nd + i}" for i in range(4))
+    op = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{d_regs}}}, "
+          f"{{{a_regs}}}, %{nd + 4}, p, 1, 1, 0;")
+    a = f"reinterpret_cast<const lowvm_u32*>({cg.name(inst.a)})"
+    with cg.block(""):
+        cg.line("const unsigned lowvm_b = static_cast<unsigned>(__cvta_generic_to_shared("
+                f"lowvm_smem + {cg.shared_offsets[inst.b]})) + 2u * ({linear}) + "
+                f"{2 * plan.col0}u;")
+        cg.line('asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");')
+        for r in range(plan.m_tiles):
+            for kk in range(plan.k_slices):
+                outs = ", ".join(f'"+f"({out}[{r * nd + i}])' for i in range(nd))
+                ins = ", ".join([f'"r"({a}[{(r * plan.k_slices + kk) * 4 + i}])'
+                                 for i in range(4)]
+                                + [f'"l"(lowvm_wgmma_desc(lowvm_b + {32 * kk}u))'])
+                cg.line(f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n{op}\\n}}\\n" '
+                        f': {outs} : {ins} : "memory");')
+        cg.line('asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");')
+        cg.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
+
+
 _EMITTERS: dict[type, Callable] = {
     VectorAccess: _emit_vector,
     CpAsyncPlan: _emit_cp_async,
     LdmatrixPlan: _emit_ldmatrix,
     MmaPlan: _emit_mma,
+    WgmmaPlan: _emit_wgmma,
 }
 
 

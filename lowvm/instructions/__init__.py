@@ -12,7 +12,7 @@ from lowvm.instructions.data import (
     ThreadIndex,
     View,
 )
-from lowvm.instructions.dot import DOT_TYPES, Dot
+from lowvm.instructions.dot import DOT_TYPES, Dot, DotShared
 from lowvm.instructions.elementwise import COMPARISONS, OPS, Elementwise
 from lowvm.instructions.memory import (
     AllocShared,
@@ -45,6 +45,7 @@ __all__ = [
     "ThreadIndex",
     "View",
     "Dot",
+    "DotShared",
     "DOT_TYPES",
     "Elementwise",
     "OPS",

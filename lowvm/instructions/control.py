@@ -30,6 +30,8 @@ class Sync(Instruction):
         st.sync()
 
     def emit_cuda(self, cg: CudaContext) -> None:
+        if cg.uses_async_proxy:  # this thread's shared writes, then wgmma's reads of them
+            cg.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");')
         cg.line("__syncthreads();  // sync")
 
 

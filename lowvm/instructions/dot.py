@@ -1,4 +1,6 @@
-"""Tile matrix multiply with accumulation: ``out = a @ b + c``.
+"""Tile matrix multiply with accumulation: ``out = a @ b + c`` (:class:`Dot`, both operands
+in registers) and ``out = a @ tile^T + c`` (:class:`DotShared`, ``b`` read from shared
+memory by the tensor cores: Hopper's ``wgmma``).
 
 f16/bf16 operands accumulate in float32, int8/uint8 in int32 (the tensor cores'
 types). The interpreter forms the exact products and sums in float64 (int64) and rounds
@@ -11,19 +13,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from lowvm.dtypes import bfloat16, float16, float32, int8, int32, uint8
+from lowvm.expr import Expr
 from lowvm.instructions.base import Instruction, register_instruction
+from lowvm.instructions.memory import _check_shared_tile, _shared_positions
 from lowvm.interpreter.values import quantize
-from lowvm.ir import RegisterTensor
+from lowvm.ir import RegisterTensor, SharedTensor
 
 if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
-__all__ = ["Dot", "DOT_TYPES"]
+__all__ = ["Dot", "DotShared", "DOT_TYPES", "SHARED_DOT_TYPES"]
 
 #: operand type -> accumulator type
 DOT_TYPES = {float16: float32, bfloat16: float32, int8: int32, uint8: int32}
+#: operand types of :class:`DotShared` (``wgmma`` with a register A: 16-bit floats)
+SHARED_DOT_TYPES = {float16: float32, bfloat16: float32}
 
 
 @register_instruction
@@ -95,4 +103,97 @@ class Dot(Instruction):
                     else:
                         cg.line(f"acc += sa[i * {k} + kk] * sb[kk * {n} + j];")
                 cg.line(cg.set(self.out, "l", "acc", acc_t == "float"))
+            cg.line("__syncthreads();")
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DotShared(Instruction):
+    """``out[M, N] = a[M, K] @ tile^T + c[M, N]``, ``tile`` the ``[N, K]`` tile of the shared
+    tensor ``b`` at ``offsets`` (rank-reducing as ``load_shared``).
+
+    Why a second dot: on Hopper the tensor cores read an operand straight from shared
+    memory (``wgmma``), so ``b`` never passes through registers and is read once per
+    warpgroup instead of once per warp. ``b`` stored K-contiguous (``tile[n, k]``) is the
+    layout activations ``x[M, K]`` already have, so ``y^T = W @ x^T`` takes dequantised
+    weights as the register operand and ``x`` as it was copied in. The lowering
+    (instruction selection) uses ``wgmma`` where the layouts are its fragments and ``b``
+    is a 128-byte-swizzled tile of 64 16-bit columns; else per-element code.
+    """
+
+    mnemonic = "dot_shared"
+    out: RegisterTensor
+    a: RegisterTensor
+    b: SharedTensor
+    offsets: tuple[Expr, ...]
+    shape: tuple[int, int]  # the tile [N, K] of b
+    c: RegisterTensor
+
+    def check(self) -> None:
+        a, c, (n, k) = self.a, self.c, self.shape
+        if a.rank != 2 or c.rank != 2:
+            raise self.error("a and c must be 2-D tiles")
+        _check_shared_tile(self, self.b, self.offsets, self.shape)
+        m, ka = a.shape
+        if ka != k or c.shape != (m, n):
+            raise self.error(
+                f"shape mismatch: a {list(a.shape)} @ tile^T (tile {[n, k]}) + c "
+                f"{list(c.shape)}; need a [M, K], tile [N, K], c [M, N]")
+        if a.dtype != self.b.dtype or a.dtype not in SHARED_DOT_TYPES:
+            raise self.error(
+                f"operand types {a.dtype.name} and {self.b.dtype.name} are not supported; "
+                f"accepted: both {', '.join(t.name for t in SHARED_DOT_TYPES)}")
+        acc = SHARED_DOT_TYPES[a.dtype]
+        if c.dtype != acc or self.out.dtype != acc:
+            raise self.error(f"{a.dtype.name} operands accumulate in {acc.name}; c is "
+                             f"{c.dtype.name}")
+        if a.layout is None or c.layout is None:
+            raise self.error("a and c need layouts (e.g. lowvm.layouts.wgmma_layouts)")
+        if self.out.layout is not None and self.out.layout != c.layout:
+            raise self.error("the result has the layout of c")
+
+    def tile_logical(self, st: BlockState) -> np.ndarray:
+        """The ``[N, K]`` tile as read by every thread (the tensor cores read it for the
+        whole block, so every thread counts as a reader for the race checks)."""
+        n, k = self.shape
+        idx = np.stack(np.meshgrid(np.arange(n), np.arange(k), indexing="ij"), -1)
+        threads = self.a.layout.num_threads
+        table = np.broadcast_to(idx.reshape(1, n * k, 2), (threads, n * k, 2))
+        pos = _shared_positions(self, st, self.b, self.offsets, table)
+        return st.shared(self.b, self).read(pos, self, st)[0].reshape(n, k)
+
+    def interpret(self, st: BlockState) -> None:
+        a = st.to_logical(self.a)
+        c = st.to_logical(self.c)
+        st.set_logical(self.out, quantize(a @ self.tile_logical(st).T + c, self.out.dtype,
+                                          saturate=False), inst=self)
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        """Per-element fallback: ``a`` through shared scratch, each output element a
+        K-long sum over ``b`` read in place."""
+        cg.line(f"// {self}  (per element)")
+        m, k = self.a.shape
+        ctype = cg.compute_type(self.a.dtype)
+        cg.scratch(4 * m * k)
+        lead = self.b.rank - 2
+        with cg.block(""):
+            cg.line(f"{ctype}* sa = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
+            cg.line("__syncthreads();")
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int l = 0; l < {self.a.layout.local_size}; ++l)"):
+                cg.line(f"sa[{cg.flat_index(self.a.layout, self.a.shape)}] = "
+                        f"{cg.get(self.a, 'l')};")
+            cg.line("__syncthreads();")
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):
+                lay = self.c.layout
+                cg.line(f"const int i = {cg.index(lay, 0)};")
+                cg.line(f"const int j = {cg.index(lay, 1)};")
+                cg.line(f"float acc = {cg.get(self.c, 'l')};")
+                index = [cg.expr(o) for o in self.offsets[:lead]] + [
+                    f"{cg.expr(self.offsets[lead])} + j", f"{cg.expr(self.offsets[lead + 1])} + kk"]
+                ref = cg.shared_ref(self.b, cg.shared_offset(self.b, index))
+                with cg.block(f"for (int kk = 0; kk < {k}; ++kk)"):
+                    cg.line(f"acc = fmaf(sa[i * {k} + kk], static_cast<float>({ref}), acc);")
+                cg.line(cg.set(self.out, "l", "acc", True))
             cg.line("__syncthreads();")

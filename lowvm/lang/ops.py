@@ -41,7 +41,7 @@ from lowvm.instructions import (
     WaitGroup,
     WaitPriorGrid,
 )
-from lowvm.instructions.dot import DOT_TYPES
+from lowvm.instructions.dot import DOT_TYPES, DotShared
 from lowvm.instructions.elementwise import COMPARISONS, OPS
 from lowvm.ir import (
     BOOL,
@@ -74,7 +74,7 @@ __all__ = [
     "register_tensor", "view", "cast", "permute", "transpose", "assign", "extract",
     "add", "sub", "mul", "div", "mod", "maximum", "minimum", "neg", "abs", "exp", "sqrt",
     "where", "fma", "lt", "le", "gt", "ge", "eq", "ne",
-    "reduce", "sum", "max", "min", "dot", "sync", "wait_prior_grid", "static_assert",
+    "reduce", "sum", "max", "min", "dot", "dot_shared", "sync", "wait_prior_grid", "static_assert",
     "range", "if_", "else_", "let",
 ]  # fmt: skip
 
@@ -588,6 +588,29 @@ def dot(a: RegisterTensor, b: RegisterTensor, c: RegisterTensor,
                     f"{', '.join(t.name for t in DOT_TYPES)}")
     result = _out_or_new(out, c.dtype, c.shape, c.layout, "dot")
     current().emit(Dot(out=result, a=a, b=b, c=c, loc=_loc()))
+    return result
+
+
+def dot_shared(a: RegisterTensor, b: SharedTensor, c: RegisterTensor,
+               offsets: Sequence[ExprLike] | None = None, shape: Sequence[int] | None = None,
+               out: RegisterTensor | None = None) -> RegisterTensor:
+    """``a @ tile^T + c`` with ``tile`` the ``[N, K]`` tile of shared ``b`` at ``offsets``
+    (default: ``b``'s last two dims): the tensor cores read ``b`` in place (``wgmma`` on
+    sm_90a where the layouts fit, see :class:`lowvm.instructions.DotShared`). ``a`` and
+    ``c`` need layouts, e.g. from :func:`lowvm.layouts.wgmma_layouts`; ``out=c``
+    accumulates."""
+    a, c = _tile(a, "dot_shared"), _tile(c, "dot_shared")
+    if not isinstance(b, SharedTensor):
+        raise _fail(f"dot_shared: b must be a shared tile, got {type(b).__name__}")
+    if b.rank < 2:
+        raise _fail(f"dot_shared: b must have at least 2 dims, got shape {list(b.shape)}")
+    tile = _static_shape(shape if shape is not None else b.shape[-2:], "dot_shared")
+    if len(tile) != 2:
+        raise _fail(f"dot_shared: shape must be [N, K], got {list(tile)}")
+    result = _out_or_new(out, c.dtype, c.shape, c.layout, "dot_shared")
+    current().emit(DotShared(out=result, a=a, b=b, offsets=_offsets(offsets, b.rank,
+                                                                      "dot_shared"),
+                             shape=(tile[0], tile[1]), c=c, loc=_loc()))
     return result
 
 

@@ -6,7 +6,7 @@ from lowvm.layouts.global_layout import (
     global_row_major,
     global_strided,
 )
-from lowvm.layouts.mma import MMA_SHAPES, MmaLayouts, mma_layouts
+from lowvm.layouts.mma import MMA_SHAPES, MmaLayouts, WgmmaLayouts, mma_layouts, wgmma_layouts
 from lowvm.layouts.register import (
     RegisterLayout,
     column_local,
@@ -44,6 +44,8 @@ __all__ = [
     "local_permutation",
     "MmaLayouts",
     "mma_layouts",
+    "wgmma_layouts",
+    "WgmmaLayouts",
     "MMA_SHAPES",
     "SharedLayout",
     "Swizzle",

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from lowvm.dtypes import DType, bfloat16, float16, float32, int8, int32, uint8
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LayoutError
-from lowvm.layouts.register import RegisterLayout, column_local, column_spatial, local
+from lowvm.layouts.register import RegisterLayout, column_local, column_spatial, local, spatial
 
-__all__ = ["MmaLayouts", "mma_layouts", "MMA_SHAPES"]
+__all__ = ["MmaLayouts", "mma_layouts", "MMA_SHAPES", "WgmmaLayouts", "wgmma_layouts"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +78,44 @@ def mma_layouts(shape: str, operand_dtype: DType | str) -> MmaLayouts:
     (float16/bfloat16 accumulate in float32, int8/uint8 in int32).
     """
     return _build(shape, as_dtype(operand_dtype))
+
+
+@dataclass(frozen=True)
+class WgmmaLayouts:
+    """Register operands of ``warpgroups`` warpgroups' ``wgmma.m64nNk16`` over a block
+    tile ``D[m, n] += A[m, k] @ B[k, n]`` (A in registers, B read from shared memory).
+
+    Warpgroup ``g`` owns rows ``g * m / warpgroups ..`` in ``m_tiles`` tiles of 64 (one
+    ``wgmma`` each per 16 of K); within a tile, warp ``w`` of the group holds rows
+    ``16 w .. 16 w + 15`` as the A and D fragments of ``mma.sync.m16n8k16``: A's four
+    32-bit registers per 16 of K, D's four floats per 8 columns, column blocks in order.
+    """
+
+    m: int
+    n: int
+    k: int
+    warpgroups: int
+    m_tiles: int
+    a: RegisterLayout
+    c: RegisterLayout
+
+
+def wgmma_layouts(m: int, n: int, k: int, warpgroups: int,
+                  operand_dtype: DType | str = float16) -> WgmmaLayouts:
+    """The A and accumulator layouts of :class:`WgmmaLayouts` (see there)."""
+    dt = as_dtype(operand_dtype)
+    if dt not in (float16, bfloat16):
+        raise LayoutError(f"wgmma_layouts: operand type {dt.name} is not supported; "
+                          "accepted: float16, bfloat16")
+    if warpgroups < 1 or m % (64 * warpgroups):
+        raise LayoutError(f"wgmma_layouts: m={m} must be a multiple of 64 x warpgroups "
+                          f"({64 * max(warpgroups, 1)})")
+    if n % 8 or not 8 <= n <= 256 or k % 16 or k < 16:
+        raise LayoutError(f"wgmma_layouts: n={n} must be a multiple of 8 in 8..256 and "
+                          f"k={k} a positive multiple of 16")
+    atom = _build("m16n8k16", dt)
+    tiles = m // (64 * warpgroups)
+
+    rows = spatial(warpgroups, 1) * local(tiles, 1) * spatial(4, 1)
+    return WgmmaLayouts(m, n, k, warpgroups, tiles, rows * local(1, k // 16) * atom.a,
+                        rows * local(1, n // 8) * atom.c)

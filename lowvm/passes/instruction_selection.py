@@ -12,6 +12,11 @@ Guarantees (each decided from the layouts alone, checked for every thread):
   pair of locals is one 32-bit word of an 8x8 matrix whose eight 16-byte rows are
   aligned in shared memory, in the lane order ``ldmatrix`` delivers (``.trans`` when the
   pair runs down a column); four matrices per instruction where they fit.
+- ``dot_shared`` -> ``wgmma.mma_async`` (:class:`WgmmaPlan`, sm_90a) when ``a`` and ``c``
+  are exactly :func:`lowvm.layouts.wgmma_layouts`' fragments for the block's warpgroups
+  and the shared tile is the canonical K-major 128-byte-swizzled operand: rows of 64
+  16-bit elements (``swizzle_128b(rows, 64)``, possibly staged), a tile starting at a
+  static row multiple of 8 and column multiple of 16 within the row.
 - ``copy_async`` with 4/8/16-byte chunks (from the vectorization pass) -> ``cp.async``
   (:class:`CpAsyncPlan`), zero-filling outside the tensor.
 
@@ -26,11 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowvm.dtypes import bfloat16, float16, int8, uint8
-from lowvm.expr import Expr
-from lowvm.instructions.dot import Dot
+from lowvm.errors import LayoutError
+from lowvm.expr import Expr, const_value
+from lowvm.instructions.dot import Dot, DotShared
 from lowvm.instructions.memory import CopyAsync, LoadShared
 from lowvm.ir import Program, RegisterTensor, SharedTensor
-from lowvm.layouts import MmaLayouts, RegisterLayout, mma_layouts
+from lowvm.layouts import MmaLayouts, RegisterLayout, Swizzle, mma_layouts, wgmma_layouts
 from lowvm.passes.rewrite import map_instructions
 from lowvm.passes.vectorize import (
     VectorAccess,
@@ -38,8 +44,8 @@ from lowvm.passes.vectorize import (
     shared_elem_offsets,
 )
 
-__all__ = ["MmaPlan", "LdmatrixPlan", "CpAsyncPlan", "select_instructions", "mma_plan",
-           "ldmatrix_plan", "atom_outer"]
+__all__ = ["MmaPlan", "LdmatrixPlan", "CpAsyncPlan", "WgmmaPlan", "select_instructions",
+           "mma_plan", "ldmatrix_plan", "wgmma_plan", "atom_outer"]
 
 #: operand type -> MMA shapes to try, best first
 _MMA_SHAPES = {float16: ("m16n8k16",), bfloat16: ("m16n8k16",),
@@ -68,6 +74,19 @@ class LdmatrixPlan:
         counts = sorted({n for _, n in self.calls})
         kind = "/".join(f"x{n}" for n in counts)
         return f"ldmatrix.{kind}{'.trans' if self.trans else ''} x{len(self.calls)}"
+
+
+@dataclass(frozen=True)
+class WgmmaPlan:
+    """``wgmma.mma_async.m64{n}k16``: ``m_tiles`` x ``k_slices`` of them per warpgroup."""
+
+    n: int
+    m_tiles: int
+    k_slices: int
+    col0: int  # first column of the tile within its 64-element (128-byte) rows
+
+    def __str__(self) -> str:
+        return f"wgmma.m64n{self.n}k16 x{self.m_tiles * self.k_slices}"
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,42 @@ def mma_plan(a: RegisterTensor, b: RegisterTensor, c: RegisterTensor) -> MmaPlan
 
 
 # ---------------------------------------------------------------------------------------
+# dot_shared -> wgmma
+
+#: elements of a 16-bit K-major wgmma operand row (128 bytes) and its swizzle
+_WGMMA_ROW = 64
+_WGMMA_SWIZZLE = Swizzle(bits=3, base=3, shift=3)
+
+
+def wgmma_plan(inst: DotShared) -> WgmmaPlan | None:
+    """The ``wgmma`` schedule of ``inst``, or None (see module docstring)."""
+    a, c, b = inst.a, inst.c, inst.b
+    (m, k), (n, _) = a.shape, inst.shape
+    threads = a.layout.num_threads
+    if threads % 128 or c.layout.num_threads != threads:
+        return None
+    try:
+        want = wgmma_layouts(m, n, k, threads // 128, a.dtype)
+    except LayoutError:
+        return None
+    if a.layout != want.a and not np.array_equal(a.layout.table, want.a.table):
+        return None
+    if c.layout != want.c and not np.array_equal(c.layout.table, want.c.table):
+        return None
+    lay = b.layout
+    row0, col0 = (const_value(o) for o in inst.offsets[-2:])
+    if (b.dtype.nbits != 16 or lay.swizzle != _WGMMA_SWIZZLE or b.shape[-1] != _WGMMA_ROW
+            or lay.strides[-1] != 1 or lay.strides[-2] != _WGMMA_ROW
+            or any(s % (8 * _WGMMA_ROW) for s in lay.strides[:-2])):
+        return None
+    if not (isinstance(row0, int) and isinstance(col0, int)) or row0 % 8 or col0 % 16:
+        return None
+    if col0 + k > _WGMMA_ROW:
+        return None
+    return WgmmaPlan(n, want.m_tiles, k // 16, col0)
+
+
+# ---------------------------------------------------------------------------------------
 # load_shared -> ldmatrix
 
 
@@ -193,6 +248,9 @@ def _select(inst):
     if isinstance(inst, Dot):
         plan = mma_plan(inst.a, inst.b, inst.c)
         return inst if plan is None else dataclasses.replace(inst, impl=plan)
+    if isinstance(inst, DotShared):
+        plan = wgmma_plan(inst)
+        return inst if plan is None else dataclasses.replace(inst, impl=plan)
     if isinstance(inst, LoadShared):
         plan = ldmatrix_plan(inst.out, inst.src, inst.offsets)
         return inst if plan is None else dataclasses.replace(inst, impl=plan)
@@ -202,5 +260,6 @@ def _select(inst):
 
 
 def select_instructions(program: Program) -> Program:
-    """Attach :class:`MmaPlan`, :class:`LdmatrixPlan` and :class:`CpAsyncPlan` where legal."""
+    """Attach :class:`MmaPlan`, :class:`WgmmaPlan`, :class:`LdmatrixPlan` and
+    :class:`CpAsyncPlan` where legal."""
     return map_instructions(program, _select)

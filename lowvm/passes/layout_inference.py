@@ -51,6 +51,7 @@ from lowvm.instructions import (
     Assign,
     Cast,
     Dot,
+    DotShared,
     Elementwise,
     Instruction,
     LoadGlobal,
@@ -304,6 +305,8 @@ class _Solver:
             return self._elementwise(inst)
         if isinstance(inst, Dot):
             return self._dot(inst, seed)
+        if isinstance(inst, DotShared):
+            return self._same(inst, inst.c, inst.out, "dot_shared's result has c's layout")
         return False
 
     def _same(self, inst: Instruction, a: RegisterTensor, b: RegisterTensor, why: str) -> bool:

@@ -7,12 +7,13 @@ Accepted loop shape (``S >= 2``; the body's top-level statements, in order)::
         commit_group()
         A                                              # anything not touching t1, t2, ...
         wait_group(0); sync()                          # the first top-level wait
-        B                                              # reads t1, t2, ... by load_shared
+        B                                              # reads t1, t2, ...
 
 ``A`` and ``B`` may hold any statements (nested ``if``/loops included) except
 ``copy_async``/``commit_group``/``wait_group``; ``A`` must not touch the copied shared
-tiles and ``B`` may only ``load_shared`` them. The copied tiles must be allocated outside
-the loop and used nowhere else except by their ``shared_tensor``/``free_shared``.
+tiles and ``B`` may only read them (``load_shared``, ``dot_shared``). The copied tiles
+must be allocated outside the loop and used nowhere else except by their
+``shared_tensor``/``free_shared``.
 
 What the pass guarantees: the program computes exactly what it computed before (the
 same instructions in the same order on the same data), with
@@ -49,6 +50,7 @@ from lowvm.instructions import (
     AllocShared,
     CommitGroup,
     CopyAsync,
+    DotShared,
     FreeShared,
     LoadShared,
     Sync,
@@ -194,11 +196,11 @@ class _Loop:
                 touched = [t for t in _tensors(inst) if t in staged]
                 if not touched:
                     continue
-                if name == "before" or not isinstance(inst, LoadShared):
+                if name == "before" or not isinstance(inst, (LoadShared, DotShared)):
                     raise self.fail(
                         f"{inst.mnemonic}{line} uses %{touched[0].name} {name} the "
                         "consumers' wait; a pipelined tile may only be read by load_shared "
-                        "after wait_group(0) + sync()")
+                        "or dot_shared after wait_group(0) + sync()")
 
     # rewriting ------------------------------------------------------------------------
     def rewrite(self, new: dict[SharedTensor, SharedTensor]) -> Stmt:
@@ -241,6 +243,9 @@ class _Loop:
         def consume(inst):
             if isinstance(inst, LoadShared) and inst.src in local:
                 return dataclasses.replace(inst, src=local[inst.src],
+                                           offsets=(stage, *inst.offsets))
+            if isinstance(inst, DotShared) and inst.b in local:
+                return dataclasses.replace(inst, b=local[inst.b],
                                            offsets=(stage, *inst.offsets))
             return inst
 
