@@ -25,11 +25,13 @@ from lowvm.kernels.gemm_schedule import GemmSchedule, with_fields
 from lowvm.kernels.library import (
     choose_prefill_schedule,
     choose_schedule,
+    choose_wgmma_schedule,
     overlapped_launches,
     prefill_quant_linear,
     prepare_weight,
     quant_linear,
     quantize_to_codes,
+    wgmma_quant_linear,
 )
 
 SHAPES = [(4096, 28672), (4096, 6144), (14336, 4096), (8192, 10240), (28672, 8192)]
@@ -118,6 +120,31 @@ def parse_variant(spec: str, base: GemmSchedule, streamed: GemmSchedule | None =
         x_steps=more[1] if len(more) > 1 else 0, l2_ahead=more[2] if len(more) > 2 else 0)
 
 
+def wgmma_rows(args, x, qw, ref, flush, wbytes, tname):
+    """Rows timing quant_gemm_wgmma (the chosen schedule, or each of --wgmma-schedules:
+    bm:bn:warpgroups:stages[:split[:prefetch]])."""
+    m, k, n = x.shape[0], qw.k, qw.n
+    scheds = [choose_wgmma_schedule(max(m, 129), n, k, qw.bk, qw.wtype)]
+    if args.wgmma_schedules:
+        scheds = []
+        for spec in args.wgmma_schedules.split(","):
+            bm, bn, wg, st, *rest = (int(v) for v in spec.split(":"))
+            split, pf = (rest + [1, 1])[:2]
+            scheds.append(GemmSchedule(bm, bn, qw.bk, 4 * wg, 1, split, st or None, pf))
+    rows = []
+    for s in scheds:
+        y = wgmma_quant_linear(x, qw, s)
+        err = float((y.float() - ref).norm() / ref.norm())
+        us = timed(lambda s=s: wgmma_quant_linear(x, qw, s), flush)
+        rows.append(dict(kernel="wgmma", dtype=tname, k=k, n=n, m=m, split=s.split,
+                         prefetch=s.prefetch, stages=s.stages, bm=s.bm, bn=s.bn,
+                         warps=f"{s.warps_m}x{s.warps_n}", us=us, rel_err=err,
+                         gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
+                         floor_us=wbytes / 3.04e6))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
     """Rows timing quant_gemm_prefill (the chosen schedule, or each of --prefill-schedules)."""
     m, k, n = x.shape[0], qw.k, qw.n
@@ -174,6 +201,10 @@ def main() -> None:
     ap.add_argument("--prefill-kernel", default="quant_gemm",
                     choices=["quant_gemm", "quant_gemm_prefill"],
                     help="quant_gemm_prefill: also time it for M > 64")
+    ap.add_argument("--wgmma", action="store_true", help="also time quant_gemm_wgmma "
+                    "(sm_90a) for M > 16")
+    ap.add_argument("--wgmma-schedules", default="", help="its schedules to sweep, "
+                    "bm:bn:warpgroups:stages[:split[:prefetch]],... (default: the chosen one)")
     ap.add_argument("--prefill-schedules", default="", help="quant_gemm_prefill schedules "
                     "to sweep, bm:bn:warps_m:warps_n:stages,... (default: the chosen one)")
     args = ap.parse_args()
@@ -234,6 +265,8 @@ def main() -> None:
                     print(json.dumps(rows[-1]), flush=True)
                 if m > 64 and args.prefill_kernel == "quant_gemm_prefill":
                     rows += prefill_rows(args, x, qw, ref, flush, wbytes, tname)
+                if m > 16 and args.wgmma:
+                    rows += wgmma_rows(args, x, qw, ref, flush, wbytes, tname)
                 if tname == args.types.split(",")[0]:
                     if args.graph:
                         dense = [wdev] + [wdev.clone() for _ in

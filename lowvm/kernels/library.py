@@ -31,7 +31,8 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "tuned_schedule",
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
-           "choose_prefill_schedule", "prefill_split", "plan_refusal"]
+           "choose_prefill_schedule", "prefill_split", "plan_refusal",
+           "choose_wgmma_schedule", "wgmma_quant_linear"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
@@ -601,6 +602,63 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                          **s.constants())
         plan = _PREFILL_PLANS[key] = (gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0)
     return plan
+
+
+def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
+                          ) -> GemmSchedule | None:
+    """A :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma` schedule (``warps_m`` =
+    4 x warpgroups, ``warps_n`` = 1): ``WGMMA_SCHEDULE`` (128 weight rows x 256 rows of x),
+    with 64 weight rows on one warpgroup where N is not a multiple of 128, split-K as the
+    prefill kernel's; None where the kernel does not apply (K tiles under 64)."""
+    from lowvm.kernels.quant_gemm_prefill import threads_fit
+    from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE
+
+    if bk not in (64, 128):
+        return None
+    s = WGMMA_SCHEDULE
+    bn, warps = (s.bn, s.warps_m) if n % s.bn == 0 else (WEIGHT_BN, 4)
+    split = max(1, prefill_split(m, n, k, bk))
+    stages = s.stages if bk == 128 else s.stages + 1
+    s = GemmSchedule(s.bm, bn, bk, warps, 1, split, stages, s.prefetch)
+    return s if threads_fit(as_dtype(wtype), s) else None
+
+
+_WGMMA_PLANS: dict[tuple, tuple[Any, Any, int]] = {}
+
+
+def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+                schedule: GemmSchedule | None) -> tuple[Any, Any, int]:
+    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
+           schedule)
+    plan = _WGMMA_PLANS.get(key)
+    if plan is None:
+        from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma, quant_gemm_wgmma_bf16
+
+        n, k = weight.n, weight.k
+        s = schedule or choose_wgmma_schedule(m, n, k, weight.bk, weight.wtype)
+        if s is None:
+            raise LowvmError(f"the wgmma GEMM needs K tiles of 64 or 128 (group >= 64); this "
+                             f"weight has bk={weight.bk}")
+        if s.warps_n != 1 or s.warps_m % 4 or s.bk != weight.bk or n % s.bn:
+            raise LowvmError(f"wgmma schedule {s} does not fit the weight (bk={weight.bk}, "
+                             f"N = {n}): warps_m = 4 x warpgroups, warps_n = 1, bn dividing N")
+        if (k // s.bk) % (s.split * s.prefetch):
+            raise LowvmError(f"wgmma schedule {s}: K / bk = {k // s.bk} steps must be a "
+                             f"multiple of split x prefetch = {s.split * s.prefetch}")
+        gemm = _compiled(quant_gemm_wgmma_bf16 if bf16 else quant_gemm_wgmma,
+                         wtype=weight.wtype, group=weight.group, zero_point=zero_point,
+                         bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
+                         stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
+        plan = _WGMMA_PLANS[key] = (gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0)
+    return plan
+
+
+def wgmma_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
+                       ) -> Any:
+    """:func:`quant_linear` through :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma`
+    (Hopper, sm_90a: weights dequantised into wgmma's register operand, x read by the
+    tensor cores from shared memory), same weights."""
+    return _run(_checked(x, weight), weight, schedule, _wgmma_plan)
 
 
 def prefill_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None

@@ -1,0 +1,129 @@
+"""The Hopper (wgmma) quantized GEMM: interpreter against float64, selection, ptxas, GPU."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+import lowvm
+from lowvm.codegen import generate_cuda
+from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights
+from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE, quant_gemm_wgmma, quant_gemm_wgmma_bf16
+from lowvm.passes import run_passes
+from lowvm.passes.instruction_selection import WgmmaPlan
+from tests.test_quant_gemm_prefill import _counters, _reference, _rel, _weights
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+
+_S = GemmSchedule
+#: interpreter-sized schedules (warps_m = warpgroups x 4 warps; bn = 64 x warpgroups x tiles)
+SCHEDULES = {
+    "default": WGMMA_SCHEDULE,
+    "bn256_bm128": _S(bm=128, bn=256, bk=128, warps_m=8, warps_n=1, stages=3),
+    "wg1_bm64_split2_pf2": _S(bm=64, bn=64, bk=128, warps_m=4, warps_n=1, split=2,
+                              stages=2, prefetch=2),
+    "bm40_unstaged": _S(bm=40, bn=128, bk=128, warps_m=8, warps_n=1, stages=None),
+}
+
+
+def _constants(s: GemmSchedule) -> dict:
+    return dict(bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
+                stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
+
+
+def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512, g=128,
+         gpu=False):
+    rng = np.random.default_rng(seed)
+    wt = lowvm.dtype(wtype)
+    codes, scales, zeros = _weights(rng, wt, n, k, g, zero_point)
+    packed = repack_weights(codes, wt, GemmSchedule(bk=min(128, g)))
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    ref = _reference(x, codes, scales, wt, g, zeros)
+    cast, program = np.float16, quant_gemm_wgmma
+    if bf16:
+        import ml_dtypes
+
+        cast, program = ml_dtypes.bfloat16, quant_gemm_wgmma_bf16
+    zs = scales if zeros is None else zeros
+    consts = dict(wtype=wt, group=g, zero_point=zero_point, **_constants(schedule))
+    args = (x.astype(cast), packed, scales.astype(cast), zs.astype(cast))
+    y = np.full((m, n), np.nan, cast)
+    ws = np.zeros((m, n), np.float32)
+    lowvm.interpret(program.build(**consts), m, n, k, *args, y, ws, _counters(m, n))
+    if schedule.split > 1:
+        assert not ws.any()
+    if not gpu:
+        return y, ref
+    import torch
+
+    dt = torch.bfloat16 if bf16 else torch.float16
+    t = [torch.from_numpy(np.asarray(a, np.float32) if a.dtype == cast and bf16 else a)
+         for a in args]
+    t = [a.to("cuda", dt) if a.dtype != torch.uint8 else a.cuda() for a in t]
+    out = torch.empty((m, n), dtype=dt, device="cuda")
+    lowvm.compile(program, **consts)(m, n, k, *t, out,
+                                     torch.zeros((m, n), dtype=torch.float32, device="cuda"),
+                                     torch.from_numpy(_counters(m, n)).cuda())
+    torch.cuda.synchronize()
+    return y, ref, out.float().cpu().numpy()
+
+
+@pytest.mark.parametrize("wtype,sched", [
+    ("int4", "default"), ("int4", "bn256_bm128"), ("int4", "wg1_bm64_split2_pf2"),
+    ("int4", "bm40_unstaged"), ("int3", "default"), ("float6_e3m2", "bn256_bm128"),
+    ("int8", "default"), ("int2", "wg1_bm64_split2_pf2")])
+def test_interpreter_matches_float64(wtype, sched):
+    y, ref = _run(wtype, 37, SCHEDULES[sched])
+    assert _rel(y, ref) < 2e-3
+
+
+def test_zero_points_bfloat16_and_group_64_in_the_interpreter():
+    y, ref = _run("uint4", 37, WGMMA_SCHEDULE, zero_point=True)
+    assert _rel(y, ref) < 2e-3
+    y, ref = _run("uint4", 21, WGMMA_SCHEDULE, zero_point=True, bf16=True)
+    assert _rel(y.astype(np.float64), ref) < 2e-2
+    s = GemmSchedule(bm=64, bn=128, bk=64, warps_m=8, warps_n=1, stages=2)
+    y, ref = _run("int4", 37, s, g=64)
+    assert _rel(y, ref) < 2e-3
+
+
+@pytest.mark.parametrize("sched", sorted(SCHEDULES))
+def test_every_dot_is_a_wgmma(sched):
+    consts = dict(wtype=lowvm.int4, group=128, **_constants(SCHEDULES[sched]))
+    program = run_passes(quant_gemm_wgmma.build(**consts))
+    impls = [i.impl for i in program.instructions() if i.mnemonic == "dot_shared"]
+    assert impls and all(isinstance(p, WgmmaPlan) for p in impls)
+    assert generate_cuda(quant_gemm_wgmma.build(**consts)).needs_sm90a
+
+
+@needs_nvcc
+@pytest.mark.parametrize("wtype,sched", [("int4", "default"), ("int4", "bn256_bm128"),
+                                         ("int3", "default"), ("int8", "default")])
+def test_ptxas_sm90a_without_spills(wtype, sched):
+    from lowvm.runtime import resource_usage
+
+    cuda = generate_cuda(quant_gemm_wgmma.build(wtype=lowvm.dtype(wtype), group=128,
+                                                **_constants(SCHEDULES[sched])))
+    usage = resource_usage(cuda.source, "sm_90a")[cuda.kernel_name]
+    assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype,sched,m,zp,bf16", [
+    ("int4", "default", 300, False, False), ("int4", "bn256_bm128", 129, False, False),
+    ("int4", "wg1_bm64_split2_pf2", 37, False, False), ("int4", "bm40_unstaged", 41, False,
+                                                         False),
+    ("int3", "default", 77, False, False), ("int8", "default", 256, False, False),
+    ("uint4", "default", 200, True, False), ("uint4", "default", 64, True, True),
+    ("float6_e3m2", "bn256_bm128", 90, False, False)])
+def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
+    import torch
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a (H100/H200)")
+    y, ref, out = _run(wtype, m, SCHEDULES[sched], zero_point=zp, bf16=bf16, gpu=True)
+    tol = 2e-2 if bf16 else 2e-3
+    assert _rel(out, ref) < tol
+    np.testing.assert_allclose(out, np.asarray(y, np.float32), rtol=2e-2, atol=2e-2)
