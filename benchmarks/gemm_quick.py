@@ -20,9 +20,8 @@ import torch
 from timing import median_us
 
 from lowvm.dtypes import decode
-from lowvm.errors import LowvmError
-from lowvm.ir import ProgramError
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import LowvmError
 from lowvm.kernels.gemm_schedule import GemmSchedule, with_fields
 from lowvm.kernels.library import (
     choose_prefill_schedule,
@@ -137,7 +136,7 @@ def wgmma_rows(args, x, qw, ref, flush, wbytes, tname):
     for s in scheds:
         try:
             y = wgmma_quant_linear(x, qw, s)
-        except (LowvmError, ProgramError) as exc:  # e.g. over the shared memory limit
+        except LowvmError as exc:  # e.g. over the shared memory limit
             print(f"skipped {s}: {str(exc).splitlines()[-1][:200]}", flush=True)
             continue
         err = float((y.float() - ref).norm() / ref.norm())
