@@ -127,3 +127,50 @@ def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
     tol = 2e-2 if bf16 else 2e-3
     assert _rel(out, ref) < tol
     np.testing.assert_allclose(out, np.asarray(y, np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_library_schedule_rule():
+    """choose_wgmma_schedule: x tiles of 64 / 128 / 256 rows by M, 128 rows where 256 would
+    leave under 80 blocks, K split until 80 blocks, None for K tiles under 64."""
+    from lowvm.kernels.library import choose_wgmma_schedule
+
+    def pick(m, n, k):
+        s = choose_wgmma_schedule(m, n, k, 128, lowvm.int4)
+        return s.bm, s.split, s.prefetch
+
+    assert pick(64, 28672, 4096) == (64, 1, 2)      # 224 blocks
+    assert pick(64, 6144, 4096) == (64, 2, 2)       # 48 -> 96
+    assert pick(64, 4096, 14336) == (64, 4, 2)      # 32 -> 128
+    assert pick(256, 6144, 4096) == (128, 1, 2)     # 24 blocks of 256 rows -> 96 of 128
+    assert pick(256, 4096, 14336) == (128, 2, 2)
+    assert pick(256, 10240, 8192) == (256, 1, 1)    # 80 blocks
+    assert pick(4096, 28672, 4096) == (256, 1, 1)
+    s = choose_wgmma_schedule(300, 6144 + 64, 4096, 128, lowvm.int4)  # N not a multiple of 128
+    assert (s.bn, s.warps_m) == (64, 4)
+    assert choose_wgmma_schedule(64, 4096, 4096, 32, lowvm.int4) is None
+    assert choose_wgmma_schedule(64, 4096, 4096, 64, lowvm.int3).bk == 64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,dtype", [(17, "float16"), (64, "bfloat16"), (300, "float16")])
+def test_quant_linear_runs_wgmma_on_sm90(m, dtype):
+    """From WGMMA_MIN_M on sm_90, quant_linear runs the wgmma plan; results match float64."""
+    import torch
+
+    from lowvm.kernels import library
+    from lowvm.kernels.library import prepare_weight, quant_linear, quantize_to_codes
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("wgmma needs sm_90a (H100/H200)")
+    rng = np.random.default_rng(9)
+    n, k = 384, 1024
+    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", 128)
+    qw = prepare_weight(codes, scales, "int4", 128)
+    x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).cuda().to(
+        getattr(torch, dtype))
+    before = len(library._WGMMA_PLANS)
+    y = quant_linear(x, qw)
+    torch.cuda.synchronize()
+    assert len(library._WGMMA_PLANS) == before + 1
+    ref = _reference(x.float().cpu().numpy(), codes, scales, lowvm.int4, 128)
+    assert _rel(y.float().cpu().numpy(), ref) < (2e-2 if dtype == "bfloat16" else 2e-3)

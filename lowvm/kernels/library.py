@@ -54,6 +54,14 @@ PREFILL_MIN_M = 129
 #: 133.2 us at split 4 against quant_gemm's 154.1, 28672 x 8192 396.1 at split 2 against
 #: 533.4; 4096 x 6144 (split 2 would leave 16 steps) keeps quant_gemm, 79.9 vs 89.8
 PREFILL_SPLIT_MIN_STEPS = 24
+#: on sm_90 (H100/H200) ``quant_linear`` runs :func:`quant_gemm_wgmma` from this M (where
+#: the weight's K tile is 64 or 128): in the eighth session's sweeps it beat quant_gemm and
+#: quant_gemm_prefill at M = 64..4096 on the Llama shapes (e.g. 4096 x 28672: 46.8 vs 61.6
+#: us at M = 64, 127.6 vs 198.2 at M = 256, 1867 vs 2650 at M = 4096; NOTES.md)
+WGMMA_MIN_M = 17
+#: the wgmma kernel's grid should have at least this many blocks: smaller x tiles first
+#: (256 -> 128 rows), then K split 2, 4 or 8 ways
+WGMMA_MIN_BLOCKS = 80
 
 
 def weight_bk(group: int, k: int) -> int:
@@ -520,6 +528,9 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
     x = _checked(x, weight)
     m, n = x.shape[0], weight.n
+    if schedule is None and m >= WGMMA_MIN_M and _is_sm90(x.device) and choose_wgmma_schedule(
+            m, n, weight.k, weight.bk, weight.wtype) is not None:
+        return _run(x, weight, None, _wgmma_plan)
     if (schedule is None and PREFILL_KERNEL == "quant_gemm_prefill"
             and prefill_split(m, n, weight.k, weight.bk)):
         return _run(x, weight, None, _prefill_plan)
@@ -604,23 +615,51 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     return plan
 
 
+@functools.lru_cache(maxsize=4096)  # asked on every quant_linear call from WGMMA_MIN_M
 def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
                           ) -> GemmSchedule | None:
     """A :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma` schedule (``warps_m`` =
-    4 x warpgroups, ``warps_n`` = 1): ``WGMMA_SCHEDULE`` (128 weight rows x 256 rows of x),
-    with 64 weight rows on one warpgroup where N is not a multiple of 128, split-K as the
-    prefill kernel's; None where the kernel does not apply (K tiles under 64)."""
+    4 x warpgroups, ``warps_n`` = 1), or None where the kernel does not apply (K tiles
+    other than 64 or 128, a type whose tile the threads cannot split).
+
+    128 weight rows on two warpgroups (64 on one where N is not a multiple of 128) by
+    ``bm`` rows of x: 64 up to M = 64, 128 up to 128, else 256 unless that leaves fewer
+    than ``WGMMA_MIN_BLOCKS`` blocks (then 128); K split 2, 4 or 8 ways while the grid is
+    still under ``WGMMA_MIN_BLOCKS`` (each block keeping >= 8 K steps). Tiles of 256 rows
+    prefetch one K step of weights (x: 3 stages of 64 KB), smaller ones two. Fitted to the
+    eighth session's H100 sweeps (NOTES.md): e.g. M = 256 on 4096 x 6144 (48 blocks of
+    256 rows) 36.5 us with 128 rows against 63.6.
+    """
     from lowvm.kernels.quant_gemm_prefill import threads_fit
     from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE
 
     if bk not in (64, 128):
         return None
-    s = WGMMA_SCHEDULE
-    bn, warps = (s.bn, s.warps_m) if n % s.bn == 0 else (WEIGHT_BN, 4)
-    split = max(1, prefill_split(m, n, k, bk))
-    stages = s.stages if bk == 128 else s.stages + 1
-    s = GemmSchedule(s.bm, bn, bk, warps, 1, split, stages, s.prefetch)
+    base = WGMMA_SCHEDULE
+    bn, warps = (base.bn, base.warps_m) if n % base.bn == 0 else (WEIGHT_BN, 4)
+    bm = 64 if m <= 64 else 128 if m <= 128 else 256
+    if bm == 256 and math.ceil(m / 256) * (n // bn) < WGMMA_MIN_BLOCKS:
+        bm = 128
+    blocks, steps = math.ceil(m / bm) * (n // bn), k // bk
+    split = 1
+    while (blocks * split < WGMMA_MIN_BLOCKS and split < 8 and steps % (2 * split) == 0
+           and steps // (2 * split) >= 8):
+        split *= 2
+    prefetch = 1 if bm == 256 else 2
+    while (steps // split) % prefetch:
+        prefetch //= 2
+    s = GemmSchedule(bm, bn, bk, warps, 1, split, base.stages, prefetch)
     return s if threads_fit(as_dtype(wtype), s) else None
+
+
+def _is_sm90(device: Any) -> bool:
+    """Whether ``device`` runs sm_90a code (H100/H200), asked of torch once per device."""
+    if device not in _SM90:
+        _SM90[device] = _device_arch(device) == "sm_90"
+    return _SM90[device]
+
+
+_SM90: dict[Any, bool] = {}
 
 
 _WGMMA_PLANS: dict[tuple, tuple[Any, Any, int]] = {}

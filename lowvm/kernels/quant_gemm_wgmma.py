@@ -12,7 +12,10 @@ Why it is shaped this way (sm_90a):
   panel into a 128-byte-swizzled tile, which the tensor cores read in place
   (``vm.dot_shared``); ``x`` is never loaded into registers.
 - A block is ``bn`` weight rows (``warpgroups`` x ``m_tiles`` x 64) by ``bm`` rows of x
-  (the wgmma's N, up to 256); the product tile is ``y^T``, stored transposed.
+  (the wgmma's N, up to 256). The product tile is ``y^T``: it goes through shared memory
+  (rows padded by 4 floats, so the transposing stores are free of bank conflicts) and
+  leaves as rows of ``y``, each thread storing (or, split along K, adding) 4 consecutive
+  columns, so a warp writes whole rows instead of one element of 32 rows.
 - ``x`` comes through a ``stages``-deep ``cp.async`` ring (the software-pipelining pass);
   weights and scales are prefetched ``prefetch`` K steps ahead in round-robin registers.
 
@@ -28,7 +31,15 @@ from lowvm.expr import minimum
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.quant_gemm import store_result
 from lowvm.kernels.quant_gemm_prefill import FORMAT_BN, prefill_layouts
-from lowvm.layouts import SharedLayout, reduce, swizzle_128b, wgmma_layouts
+from lowvm.layouts import (
+    SharedLayout,
+    local,
+    reduce,
+    shared_strided,
+    spatial,
+    swizzle_128b,
+    wgmma_layouts,
+)
 
 __all__ = ["quant_gemm_wgmma", "quant_gemm_wgmma_bf16", "WGMMA_SCHEDULE", "PANEL"]
 
@@ -122,8 +133,27 @@ def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wt
                               out=acc)
         if not stages or stages < 2:
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
-    store_result(vm.transpose(acc), m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
     vm.free_shared(sx)
+    store_result(_rows_of_y(acc, bm, bn, warpgroups), m, n, y, ws, counters, adtype, bm, bn,
+                 split, fused_split)
+
+
+def _rows_of_y(acc, bm: int, bn: int, warpgroups: int):
+    """The ``y^T`` tile ``acc`` as ``y [bm, bn]`` in a row layout: 4 consecutive columns
+    per thread, a warp's 32 threads along one row (through shared memory)."""
+    threads = 128 * warpgroups
+    across = min(bn // 4, 32)
+    rows_per_pass = threads // across
+    vm.static_assert(bm % rows_per_pass == 0, f"bm={bm} must be a multiple of "
+                     f"{rows_per_pass} (rows of y the {threads} threads store at once)")
+    sy = vm.shared_tensor(vm.float32, [bm, bn], shared_strided([bm, bn], [bn + 4, 1]))
+    vm.store_shared(sy, vm.transpose(acc), [0, 0])
+    vm.sync()
+    layout = (local(bm // rows_per_pass, bn // (4 * across)) * spatial(rows_per_pass, across)
+              * local(1, 4))
+    out = vm.load_shared(sy, layout, [0, 0], [bm, bn])
+    vm.free_shared(sy)
+    return out
 
 
 @vm.program
