@@ -65,6 +65,37 @@ def test_shared_tiles_reuse_freed_space():
     assert total == 64 * 32 * 2 + 32 * 64 * 2
 
 
+def test_a_tile_in_freed_space_is_allocated_behind_a_barrier():
+    """The interpreter gives shared_tensor a fresh tile; on the GPU the allocator may place
+    it where a freed one was, so the allocation waits for every thread (else a fast warp
+    writes the new tile while a slow one still reads the old: a write-after-read race)."""
+    from lowvm.codegen.shared_alloc import reused_space
+
+    @vm.program
+    def reuse(y: vm.ptr[vm.float32]):
+        vm.set_warps(4)
+        vm.set_grid(1)
+        lay = vm.spatial(128)
+        a = vm.shared_tensor(vm.float32, [128], vm.shared_row_major(128))
+        vm.store_shared(a, vm.register_tensor(vm.float32, [128], lay, init=1.0), [0])
+        vm.sync()
+        v = vm.load_shared(a, vm.spatial(128), [0])
+        vm.free_shared(a)
+        b = vm.shared_tensor(vm.float32, [128], vm.shared_row_major(128))
+        vm.store_shared(b, v + v, [0])
+        vm.free_shared(b)
+        vm.store_global(vm.global_view(y, [128]), v, [0])
+
+    program = reuse.build()
+    offsets, _ = allocate_shared(program)
+    assert len(set(offsets.values())) == 1  # b is where a was
+    first, second = offsets  # allocation order
+    assert reused_space(program, offsets) == {second}
+    source = generate_cuda(program).source
+    body = source.split("free_shared")[1]  # after the first free
+    assert body.index("__syncthreads()") < body.index("store_shared")
+
+
 def test_min_blocks_hint_reaches_launch_bounds_and_is_checked():
     """vm.set_min_blocks is __launch_bounds__'s second argument; bad values are named."""
     def body(y, n_blocks):

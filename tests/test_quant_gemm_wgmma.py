@@ -139,6 +139,7 @@ def test_library_schedule_rule():
         return s.bm, s.split, s.prefetch
 
     assert pick(64, 28672, 4096) == (64, 1, 2)      # 224 blocks
+    assert pick(32, 28672, 4096) == (32, 1, 2)
     assert pick(64, 6144, 4096) == (64, 2, 2)       # 48 -> 96
     assert pick(64, 4096, 14336) == (64, 4, 2)      # 32 -> 128
     assert pick(256, 6144, 4096) == (128, 1, 2)     # 24 blocks of 256 rows -> 96 of 128

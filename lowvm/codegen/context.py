@@ -62,6 +62,8 @@ class CudaContext:
         #: the tensor cores read shared memory (wgmma): barriers first order the threads'
         #: shared writes before the async proxy's reads (set before the body is emitted)
         self.uses_async_proxy = False
+        #: shared tiles placed where a freed one was: their allocation is a barrier
+        self.reused_tiles: set[SharedTensor] = set()
         self.counter = 0
 
     # text ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from lowvm.codegen.context import CudaContext, c_type
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.codegen.selected import emit_selected
-from lowvm.codegen.shared_alloc import allocate_shared
+from lowvm.codegen.shared_alloc import allocate_shared, reused_space
 from lowvm.ir import (
     ForStmt,
     IfStmt,
@@ -91,6 +91,7 @@ def generate_cuda(program: Program) -> CudaSource:
                               for inst in program.instructions())
     offsets, tiles_bytes = allocate_shared(program)
     cg.shared_offsets = offsets
+    cg.reused_tiles = reused_space(program, offsets)
     _emit(program.body, cg)
     scratch_at = (tiles_bytes + 15) // 16 * 16
     shared_bytes = scratch_at + cg.scratch_bytes if cg.scratch_bytes else tiles_bytes

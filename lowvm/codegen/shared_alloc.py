@@ -12,7 +12,7 @@ from __future__ import annotations
 from lowvm.instructions import AllocShared, DotShared, FreeShared
 from lowvm.ir import Program, SharedTensor
 
-__all__ = ["allocate_shared"]
+__all__ = ["allocate_shared", "reused_space"]
 
 _ALIGN = 16
 _WGMMA_ALIGN = 1024
@@ -44,3 +44,19 @@ def allocate_shared(program: Program) -> tuple[dict[SharedTensor, int], int]:
         elif isinstance(inst, FreeShared):
             live = [entry for entry in live if entry[2] is not inst.tensor]
     return offsets, total
+
+
+def reused_space(program: Program, offsets: dict[SharedTensor, int]) -> set[SharedTensor]:
+    """The tiles placed (partly) where an earlier, freed tile was. The program's meaning is
+    a fresh tile (the interpreter's), so their allocation must wait until every thread is
+    done with the old one: the lowering puts a block barrier there."""
+    seen: list[tuple[int, int]] = []
+    reused = set()
+    for inst in program.instructions():
+        if isinstance(inst, AllocShared):
+            start = offsets[inst.out]
+            end = start + inst.out.nbytes
+            if any(s < end and start < e for s, e in seen):
+                reused.add(inst.out)
+            seen.append((start, end))
+    return reused

@@ -17,6 +17,7 @@ import numpy as np
 
 from lowvm.expr import Expr, const_value
 from lowvm.instructions.base import Instruction, register_instruction
+from lowvm.instructions.control import Sync
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
 
 if TYPE_CHECKING:
@@ -182,6 +183,8 @@ class AllocShared(Instruction):
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self} at shared byte {cg.shared_offsets[self.out]}")
+        if self.out in cg.reused_tiles:  # freed space: every thread is done with it first
+            Sync(loc=self.loc).emit_cuda(cg)
 
 
 @register_instruction

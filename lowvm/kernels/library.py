@@ -623,7 +623,8 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     other than 64 or 128, a type whose tile the threads cannot split).
 
     128 weight rows on two warpgroups (64 on one where N is not a multiple of 128) by
-    ``bm`` rows of x: 64 up to M = 64, 128 up to 128, else 256 unless that leaves fewer
+    ``bm`` rows of x: 32 up to M = 32, 64 up to 64, 128 up to 128, else 256 unless that
+    leaves fewer
     than ``WGMMA_MIN_BLOCKS`` blocks (then 128); K split 2, 4 or 8 ways while the grid is
     still under ``WGMMA_MIN_BLOCKS`` (each block keeping >= 8 K steps). Tiles of 256 rows
     prefetch one K step of weights (x: 3 stages of 64 KB), smaller ones two. Fitted to the
@@ -637,7 +638,7 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
         return None
     base = WGMMA_SCHEDULE
     bn, warps = (base.bn, base.warps_m) if n % base.bn == 0 else (WEIGHT_BN, 4)
-    bm = 64 if m <= 64 else 128 if m <= 128 else 256
+    bm = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 128 else 256
     if bm == 256 and math.ceil(m / 256) * (n // bn) < WGMMA_MIN_BLOCKS:
         bm = 128
     blocks, steps = math.ceil(m / bm) * (n // bn), k // bk
