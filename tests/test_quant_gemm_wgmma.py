@@ -130,8 +130,9 @@ def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
 
 
 def test_library_schedule_rule():
-    """choose_wgmma_schedule: x tiles of 64 / 128 / 256 rows by M, 128 rows where 256 would
-    leave under 80 blocks, K split until 80 blocks, None for K tiles under 64."""
+    """choose_wgmma_schedule: x tiles of 32 / 64 / 128 / 256 rows by M, 128 rows where 256
+    would leave under 80 blocks; K split up to two blocks per SM (>= 16 steps each) for
+    tiles of <= 64 rows, to 80 blocks for larger ones; None for K tiles under 64."""
     from lowvm.kernels.library import choose_wgmma_schedule
 
     def pick(m, n, k):
@@ -142,6 +143,9 @@ def test_library_schedule_rule():
     assert pick(32, 28672, 4096) == (32, 1, 2)
     assert pick(64, 6144, 4096) == (64, 2, 2)       # 48 -> 96
     assert pick(64, 4096, 14336) == (64, 4, 2)      # 32 -> 128
+    assert pick(64, 10240, 8192) == (64, 2, 2)      # 80 -> 160
+    assert pick(64, 8192, 28672) == (64, 4, 2)      # 64 -> 256
+    assert pick(128, 10240, 8192) == (128, 1, 2)    # 80 blocks: no split at 128 rows
     assert pick(256, 6144, 4096) == (128, 1, 2)     # 24 blocks of 256 rows -> 96 of 128
     assert pick(256, 4096, 14336) == (128, 2, 2)
     assert pick(256, 10240, 8192) == (256, 1, 1)    # 80 blocks

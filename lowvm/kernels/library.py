@@ -624,12 +624,13 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
 
     128 weight rows on two warpgroups (64 on one where N is not a multiple of 128) by
     ``bm`` rows of x: 32 up to M = 32, 64 up to 64, 128 up to 128, else 256 unless that
-    leaves fewer
-    than ``WGMMA_MIN_BLOCKS`` blocks (then 128); K split 2, 4 or 8 ways while the grid is
-    still under ``WGMMA_MIN_BLOCKS`` (each block keeping >= 8 K steps). Tiles of 256 rows
-    prefetch one K step of weights (x: 3 stages of 64 KB), smaller ones two. Fitted to the
-    eighth session's H100 sweeps (NOTES.md): e.g. M = 256 on 4096 x 6144 (48 blocks of
-    256 rows) 36.5 us with 128 rows against 63.6.
+    leaves fewer than ``WGMMA_MIN_BLOCKS`` blocks (then 128). K is split 2, 4 or 8 ways:
+    tiles of 128 or 256 rows while the grid is under ``WGMMA_MIN_BLOCKS`` blocks, tiles of
+    32 or 64 rows (whose split-K sums are cheap) as far as two blocks per SM, each block
+    keeping >= 16 K steps. Tiles of 256 rows prefetch one K step of weights (x: 3 stages
+    of 64 KB), smaller ones two. Fitted to the eighth session's H100 sweeps (NOTES.md):
+    e.g. M = 256 on 4096 x 6144 (24 blocks of 256 rows) 36.5 us with 128 rows against
+    63.6; M = 64 on 28672 x 8192 90.9 us at split 4 against 117.0 at split 2.
     """
     from lowvm.kernels.quant_gemm_prefill import threads_fit
     from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE
@@ -642,9 +643,14 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     if bm == 256 and math.ceil(m / 256) * (n // bn) < WGMMA_MIN_BLOCKS:
         bm = 128
     blocks, steps = math.ceil(m / bm) * (n // bn), k // bk
+    if bm <= 64:
+        def more(split: int) -> bool:
+            return blocks * 2 * split <= 2 * NUM_SMS_DEFAULT and steps // (2 * split) >= 16
+    else:
+        def more(split: int) -> bool:
+            return blocks * split < WGMMA_MIN_BLOCKS and steps // (2 * split) >= 8
     split = 1
-    while (blocks * split < WGMMA_MIN_BLOCKS and split < 8 and steps % (2 * split) == 0
-           and steps // (2 * split) >= 8):
+    while split < 8 and steps % (2 * split) == 0 and more(split):
         split *= 2
     prefetch = 1 if bm == 256 else 2
     while (steps // split) % prefetch:
