@@ -156,8 +156,25 @@ def test_library_schedule_rule():
     assert choose_wgmma_schedule(64, 4096, 4096, 64, lowvm.int3).bk == 64
 
 
+def test_library_dispatch_rule():
+    """quant_linear's kernel by M (on sm_90): quant_gemm up to M = 16, wgmma from 17 to 32,
+    at 33..64 only on weights of >= 1e8 elements, wgmma above 64."""
+    from types import SimpleNamespace
+
+    from lowvm.kernels.library import runs_wgmma
+
+    def weight(k, n):
+        return SimpleNamespace(n=n, k=k, bk=128, wtype=lowvm.int4)
+
+    big, small = weight(4096, 28672), weight(4096, 6144)
+    assert [runs_wgmma(m, big) for m in (16, 17, 32, 64, 65, 4096)] == [False] + [True] * 5
+    assert [runs_wgmma(m, small) for m in (16, 17, 32, 33, 64, 65)] == [
+        False, True, True, False, False, True]
+    assert not runs_wgmma(256, SimpleNamespace(n=4096, k=4096, bk=32, wtype=lowvm.int4))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,dtype", [(17, "float16"), (64, "bfloat16"), (300, "float16")])
+@pytest.mark.parametrize("m,dtype", [(17, "float16"), (32, "bfloat16"), (300, "float16")])
 def test_quant_linear_runs_wgmma_on_sm90(m, dtype):
     """From WGMMA_MIN_M on sm_90, quant_linear runs the wgmma plan; results match float64."""
     import torch

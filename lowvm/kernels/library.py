@@ -32,7 +32,7 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule", "prefill_split", "plan_refusal",
-           "choose_wgmma_schedule", "wgmma_quant_linear"]
+           "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
@@ -59,6 +59,11 @@ PREFILL_SPLIT_MIN_STEPS = 24
 #: quant_gemm_prefill at M = 64..4096 on the Llama shapes (e.g. 4096 x 28672: 46.8 vs 61.6
 #: us at M = 64, 127.6 vs 198.2 at M = 256, 1867 vs 2650 at M = 4096; NOTES.md)
 WGMMA_MIN_M = 17
+#: ... except at 32 < M <= 64 on weights of fewer elements than this, where quant_gemm's
+#: one-warp 64-row body measured faster (M = 64: 4096 x 6144 24.3 vs 30.0 us, 14336 x 4096
+#: 38.4 vs 45.1, 8192 x 10240 51.3 vs 55.5; wgmma won on 4096 x 28672, 49.1 vs 61.1, and
+#: 28672 x 8192, 91.9 vs 108.9; at M = 32 it won on all five; NOTES.md, eighth session)
+WGMMA_MID_M_MIN_WEIGHTS = 100_000_000
 #: the wgmma kernel's grid should have at least this many blocks: smaller x tiles first
 #: (256 -> 128 rows), then K split 2, 4 or 8 ways
 WGMMA_MIN_BLOCKS = 80
@@ -528,8 +533,7 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
     x = _checked(x, weight)
     m, n = x.shape[0], weight.n
-    if schedule is None and m >= WGMMA_MIN_M and _is_sm90(x.device) and choose_wgmma_schedule(
-            m, n, weight.k, weight.bk, weight.wtype) is not None:
+    if schedule is None and runs_wgmma(m, weight) and _is_sm90(x.device):
         return _run(x, weight, None, _wgmma_plan)
     if (schedule is None and PREFILL_KERNEL == "quant_gemm_prefill"
             and prefill_split(m, n, weight.k, weight.bk)):
@@ -657,6 +661,14 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
         prefetch //= 2
     s = GemmSchedule(bm, bn, bk, warps, 1, split, base.stages, prefetch)
     return s if threads_fit(as_dtype(wtype), s) else None
+
+
+def runs_wgmma(m: int, weight: QuantWeight) -> bool:
+    """Whether ``quant_linear`` runs :func:`quant_gemm_wgmma` at batch ``m`` on an sm_90
+    GPU (``WGMMA_MIN_M``, ``WGMMA_MID_M_MIN_WEIGHTS``, a schedule that fits the weight)."""
+    if m < WGMMA_MIN_M or (32 < m <= 64 and weight.n * weight.k < WGMMA_MID_M_MIN_WEIGHTS):
+        return False
+    return choose_wgmma_schedule(m, weight.n, weight.k, weight.bk, weight.wtype) is not None
 
 
 def _is_sm90(device: Any) -> bool:
