@@ -13,6 +13,6 @@ timeout 150 python -m lowvm.bench --dtype int3,int2,int8,float4_e2m1 --shape 409
   > "$OUT/bench_types.log" 2>&1
 echo; echo "== final_bench summary =="; cat "$OUT/gpu.txt"
 grep -E "^ *[0-9]+x[0-9]+ +[0-9]+ +(lowvm|cublas_fp16|tinygemm|gemlite)" "$OUT/bench_int4.log" \
-  | awk '{print $1, $2, $3, $4, $5, $7}' | column -t | head -n 130
+  | awk '{print $1, $2, $3, $4, $5, $7}' | head -n 130
 echo "-- types"; grep -E "^ *[0-9]+x[0-9]+ +[0-9]+ +lowvm" "$OUT/bench_types.log" \
-  | awk '{print $1, $2, $3, $4, $5}' | column -t
+  | awk '{print $1, $2, $3, $4, $5}'
