@@ -125,7 +125,7 @@ def wgmma_rows(args, x, qw, ref, flush, wbytes, tname):
     """Rows timing quant_gemm_wgmma (the chosen schedule, or each of --wgmma-schedules:
     bm:bn:warpgroups:stages[:split[:prefetch]])."""
     m, k, n = x.shape[0], qw.k, qw.n
-    scheds = [choose_wgmma_schedule(max(m, 129), n, k, qw.bk, qw.wtype)]
+    scheds = [choose_wgmma_schedule(m, n, k, qw.bk, qw.wtype)]
     if args.wgmma_schedules:
         scheds = []
         for spec in args.wgmma_schedules.split(","):

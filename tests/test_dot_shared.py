@@ -191,3 +191,68 @@ def test_gpu_matches_interpreter_and_float64(m, n, k, col0, wg, stages):
     np.testing.assert_allclose(got, y_ref, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(got, _reference(a, x, n, k, col0, stages), rtol=1e-4,
                                atol=1e-3)
+
+
+def _async_program(mistake: str):
+    """One dot_shared with wait=False over a staged x, with ``mistake`` made before the
+    dot_wait (or none)."""
+    @vm.program
+    def async_dot(a: vm.ptr[vm.float16], x: vm.ptr[vm.float16], y: vm.ptr[vm.float32]):
+        vm.set_warps(4)
+        vm.set_grid(1)
+        lay = wgmma_layouts(64, 64, 32, 1)
+        av = vm.load_global(vm.global_view(a, [64, 32]), [0, 0], [64, 32], lay.a)
+        acc = vm.register_tensor(vm.float32, [64, 64], lay.c, init=0.0)
+        sx = vm.shared_tensor(vm.float16, [64, 64], swizzle_128b(64, 64, vm.float16))
+        gx = vm.global_view(x, [64, 64])
+        vm.copy_async(sx, gx, [0, 0])
+        vm.commit_group()
+        vm.wait_group(0)
+        vm.sync()
+        vm.dot_shared(av, sx, acc, shape=[64, 32], out=acc, wait=False)
+        vm.dot_shared(av if mistake == "reuse a" else vm.load_global(
+            vm.global_view(a, [64, 32]), [0, 0], [64, 32], lay.a), sx, acc, shape=[64, 32],
+            out=acc, wait=False)  # chained into the same accumulator: allowed
+        if mistake == "read acc":
+            vm.store_global(vm.global_view(y, [64, 64]), acc, [0, 0])
+        if mistake == "overwrite tile":
+            vm.sync()
+            vm.copy_async(sx, gx, [0, 0])
+            vm.commit_group()
+            vm.wait_group(0)
+        if mistake == "free tile":
+            vm.free_shared(sx)
+        if mistake != "no wait":  # (which then also leaves acc unread)
+            vm.dot_wait()
+            vm.store_global(vm.global_view(y, [64, 64]), acc, [0, 0])
+        if mistake not in ("free tile", "no wait"):
+            vm.free_shared(sx)
+
+    return async_dot
+
+
+@pytest.mark.parametrize("mistake,match", [
+    ("read acc", "uses %.* while a dot_shared issued with wait=False"),
+    ("reuse a", "uses %.* while a dot_shared issued with wait=False"),
+    ("overwrite tile", "may still be reading; vm.dot_wait"),
+    ("free tile", "freed while a dot_shared issued with wait=False"),
+    ("no wait", "not followed by vm.dot_wait"),
+])
+def test_interpreter_rejects_uses_before_dot_wait(mistake, match):
+    a, x = _data(64, 64, 32, 0)
+    with pytest.raises(lowvm.LowvmError, match=match):
+        lowvm.interpret(_async_program(mistake), a, x, np.zeros((64, 64), np.float32))
+
+
+def test_async_dots_chain_and_wait_once():
+    """Two chained dots without wait, then dot_wait: the same sums; the CUDA has one
+    wgmma wait (the dot_wait's) after the commits."""
+    a, x = _data(64, 64, 32, 0)
+    y = np.zeros((64, 64), np.float32)
+    program = _async_program("")
+    lowvm.interpret(program, a, x, y)
+    np.testing.assert_allclose(y, 2 * _reference(a, x, 64, 32, 0, 0), rtol=1e-5, atol=1e-4)
+    source = generate_cuda(program.build()).source
+    assert source.count("wgmma.commit_group") == 2
+    assert source.count("wgmma.wait_group") == 1
+    assert source.index("wgmma.wait_group") > source.rindex("wgmma.commit_group")

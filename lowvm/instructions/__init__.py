@@ -12,7 +12,7 @@ from lowvm.instructions.data import (
     ThreadIndex,
     View,
 )
-from lowvm.instructions.dot import DOT_TYPES, Dot, DotShared
+from lowvm.instructions.dot import DOT_TYPES, Dot, DotShared, DotWait
 from lowvm.instructions.elementwise import COMPARISONS, OPS, Elementwise
 from lowvm.instructions.memory import (
     AllocShared,
@@ -46,6 +46,7 @@ __all__ = [
     "View",
     "Dot",
     "DotShared",
+    "DotWait",
     "DOT_TYPES",
     "Elementwise",
     "OPS",

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.interpreter.state import BlockState
 
-__all__ = ["Dot", "DotShared", "DOT_TYPES", "SHARED_DOT_TYPES"]
+__all__ = ["Dot", "DotShared", "DotWait", "DOT_TYPES", "SHARED_DOT_TYPES"]
 
 #: operand type -> accumulator type
 DOT_TYPES = {float16: float32, bfloat16: float32, int8: int32, uint8: int32}
@@ -128,6 +128,10 @@ class DotShared(Instruction):
     offsets: tuple[Expr, ...]
     shape: tuple[int, int]  # the tile [N, K] of b
     c: RegisterTensor
+    #: False: return without waiting for the tensor cores; ``a``, the result and the tile
+    #: stay busy until ``dot_wait`` (the interpreter rejects any use before it), so work
+    #: placed between them (the next step's dequantisation) overlaps the multiply
+    wait: bool = True
 
     def check(self) -> None:
         a, c, (n, k) = self.a, self.c, self.shape
@@ -152,21 +156,30 @@ class DotShared(Instruction):
         if self.out.layout is not None and self.out.layout != c.layout:
             raise self.error("the result has the layout of c")
 
-    def tile_logical(self, st: BlockState) -> np.ndarray:
-        """The ``[N, K]`` tile as read by every thread (the tensor cores read it for the
-        whole block, so every thread counts as a reader for the race checks)."""
+    def tile_positions(self, st: BlockState) -> np.ndarray:
+        """Storage offsets of the ``[N, K]`` tile, as every thread reads them."""
         n, k = self.shape
         idx = np.stack(np.meshgrid(np.arange(n), np.arange(k), indexing="ij"), -1)
         threads = self.a.layout.num_threads
         table = np.broadcast_to(idx.reshape(1, n * k, 2), (threads, n * k, 2))
-        pos = _shared_positions(self, st, self.b, self.offsets, table)
-        return st.shared(self.b, self).read(pos, self, st)[0].reshape(n, k)
+        return _shared_positions(self, st, self.b, self.offsets, table)
 
     def interpret(self, st: BlockState) -> None:
         a = st.to_logical(self.a)
         c = st.to_logical(self.c)
-        st.set_logical(self.out, quantize(a @ self.tile_logical(st).T + c, self.out.dtype,
-                                          saturate=False), inst=self)
+        n, k = self.shape
+        pos = self.tile_positions(st)
+        storage = st.shared(self.b, self)
+        tile = storage.read(pos, self, st)[0].reshape(n, k)
+        st.set_logical(self.out, quantize(a @ tile.T + c, self.out.dtype, saturate=False),
+                       inst=self)
+        if not self.wait:
+            st.start_async_dot(self.a, self.out, storage, pos[0])
+
+    def chains(self) -> tuple[RegisterTensor, ...]:
+        """Tiles this call may take while earlier calls without wait are in flight: their
+        accumulator (``wgmma`` into one accumulator runs in issue order)."""
+        return (self.c, self.out)
 
     def emit_cuda(self, cg: CudaContext) -> None:
         """Per-element fallback: ``a`` through shared scratch, each output element a
@@ -197,3 +210,22 @@ class DotShared(Instruction):
                     cg.line(f"acc = fmaf(sa[i * {k} + kk], static_cast<float>({ref}), acc);")
                 cg.line(cg.set(self.out, "l", "acc", True))
             cg.line("__syncthreads();")
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class DotWait(Instruction):
+    """Wait until every ``dot_shared`` issued with ``wait=False`` has completed: their
+    results are readable and their operands and shared tiles free again."""
+
+    mnemonic = "dot_wait"
+
+    def interpret(self, st: BlockState) -> None:
+        st.wait_async_dots()
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        if cg.uses_async_proxy:  # wgmma in the program; per-element dot_shared is done
+            cg.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");  '
+                    "// dot_wait")
+        else:
+            cg.line("// dot_wait (no wgmma in flight)")

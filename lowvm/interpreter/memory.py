@@ -131,6 +131,8 @@ class SharedStorage:
         self.writer_max = np.full(size, -1, dtype=np.int32)
         self.reader_min = np.full(size, _NOBODY, dtype=np.int32)
         self.reader_max = np.full(size, -1, dtype=np.int32)
+        #: read by a dot_shared still in flight (no dot_wait yet): no write may touch it
+        self.tensor_core_reads = np.zeros(size, dtype=bool)
 
     def _fail(self, inst: Instruction, st: BlockState, mask: np.ndarray, pos: np.ndarray,
               message: str) -> None:
@@ -171,6 +173,10 @@ class SharedStorage:
 
     def _check_overwrite(self, pos: np.ndarray, threads: np.ndarray | None,
                          inst: Instruction, st: BlockState) -> None:
+        if self.tensor_core_reads[pos].any():
+            self._fail(inst, st, self.tensor_core_reads[pos], pos,
+                       "overwrites shared memory that a dot_shared issued with wait=False "
+                       "may still be reading; vm.dot_wait() first")
         if (self.state[pos] == IN_FLIGHT).any():
             self._fail(inst, st, self.state[pos] == IN_FLIGHT, pos,
                        "overwrites shared memory that a copy_async is still writing")

@@ -32,6 +32,8 @@ __all__ = ["interpret", "run_program"]
 def _execute(stmt: Stmt, st: BlockState) -> None:
     if isinstance(stmt, InstStmt):
         try:
+            if st.pending_tiles:
+                st.check_not_pending(stmt.inst)
             stmt.inst.interpret(st)
         except LowvmError as exc:
             if isinstance(exc, ProgramError) and exc.loc is not None:
@@ -92,7 +94,13 @@ def run_program(program: Program, args: tuple[Any, ...]) -> None:
         block_env = dict(env)
         block_env.update({"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz,
                           "gridDim.x": grid3[0], "gridDim.y": grid3[1], "gridDim.z": grid3[2]})
-        _execute(program.body, BlockState(block_env, buffers, (bx, by, bz)))
+        st = BlockState(block_env, buffers, (bx, by, bz))
+        _execute(program.body, st)
+        if st.pending_tiles:
+            names = ", ".join(sorted(f"%{t.name}" for t in st.pending_tiles))
+            raise ProgramError(f"{program.name}: a dot_shared issued with wait=False "
+                               f"({names}) is not followed by vm.dot_wait() before the "
+                               "end of the program")
 
 
 def _bind(program: Program, args: tuple[Any, ...]

@@ -33,6 +33,11 @@ class BlockState:
         self.shared_tiles: dict[SharedTensor, SharedStorage] = {}
         self.uncommitted: list[tuple[SharedStorage, np.ndarray]] = []
         self.groups: list[list[tuple[SharedStorage, np.ndarray]]] = []
+        #: operands a and results of dot_shared calls issued with wait=False, and the
+        #: shared storages they read, until dot_wait
+        self.pending_operands: set[RegisterTensor] = set()
+        self.pending_results: set[RegisterTensor] = set()
+        self.pending_reads: list[SharedStorage] = []
 
     # scalars and errors ---------------------------------------------------------------
     def eval(self, expr: ExprLike):
@@ -105,8 +110,47 @@ class BlockState:
 
     def free_shared(self, tensor: SharedTensor, inst: Instruction) -> None:
         """Release a shared tile."""
-        if self.shared_tiles.pop(tensor, None) is None:
+        storage = self.shared_tiles.pop(tensor, None)
+        if storage is None:
             raise self.runtime_error(inst, f"%{tensor.name} is not allocated")
+        if storage.tensor_core_reads.any():
+            raise self.runtime_error(inst, f"%{tensor.name} is freed while a dot_shared "
+                                     "issued with wait=False may still read it; "
+                                     "vm.dot_wait() first")
+
+    # dot_shared without wait ------------------------------------------------------------
+    @property
+    def pending_tiles(self) -> set[RegisterTensor]:
+        """Register tiles of dot_shared calls still in flight."""
+        return self.pending_operands | self.pending_results
+
+    def start_async_dot(self, a: RegisterTensor, out: RegisterTensor, storage: SharedStorage,
+                        pos: np.ndarray) -> None:
+        """A dot_shared issued without waiting: its tiles and shared reads stay busy."""
+        self.pending_operands.add(a)
+        self.pending_results.add(out)
+        storage.tensor_core_reads[pos] = True
+        self.pending_reads.append(storage)
+
+    def check_not_pending(self, inst: Instruction) -> None:
+        """Raise if ``inst`` touches a tile of a dot_shared still in flight; another
+        dot_shared may accumulate into its result (the tensor cores run them in order)."""
+        out = inst.output()
+        chained = getattr(inst, "chains", lambda: ())()
+        for tile in (*inst.operands(), *((out,) if out is not None else ())):
+            if tile in self.pending_operands or (tile in self.pending_results
+                                                 and tile not in chained):
+                raise self.runtime_error(
+                    inst, f"uses %{tile.name} while a dot_shared issued with wait=False may "
+                    "still read or write it; vm.dot_wait() first")
+
+    def wait_async_dots(self) -> None:
+        """dot_wait: every dot_shared issued so far has completed."""
+        self.pending_operands.clear()
+        self.pending_results.clear()
+        for storage in self.pending_reads:
+            storage.tensor_core_reads[:] = False
+        self.pending_reads.clear()
 
     def shared(self, tensor: SharedTensor, inst: Instruction) -> SharedStorage:
         """The storage of an allocated shared tile."""

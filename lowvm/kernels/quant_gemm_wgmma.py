@@ -18,6 +18,9 @@ Why it is shaped this way (sm_90a):
   columns, so a warp writes whole rows instead of one element of 32 rows.
 - ``x`` comes through a ``stages``-deep ``cp.async`` ring (the software-pipelining pass);
   weights and scales are prefetched ``prefetch`` K steps ahead in round-robin registers.
+- The multiplies are issued without waiting (``dot_shared(wait=False)``): the next
+  iteration converts its weights while the tensor cores run, and waits (``dot_wait``)
+  only before the barrier after which the x stage they read is refilled.
 
 Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``bk`` 64 or 128 (the format's K
 tile: ``group`` >= 64), ``n`` of ``bn``; ``m`` is anything (rows are masked).
@@ -68,7 +71,8 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warpgroups: int,
 
 def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wtype: DType,
                 group: int, zero_point: bool, bm: int, bn: int, bk: int, warpgroups: int,
-                split: int, stages: int | None, prefetch: int, fused_split: bool) -> None:
+                split: int, stages: int | None, prefetch: int, fused_split: bool,
+                overlap: bool = True) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     _check_schedule(adtype, bm, bn, bk, warpgroups, prefetch, group)
     pl = prefill_layouts(wtype, bn, bk, warpgroups * 128, adtype)
@@ -115,24 +119,39 @@ def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wt
             wk = wk - zero[0]
         return vm.transpose(wk * scale)
 
+    def converted(kt0):
+        """This iteration's weights as wgmma operands; the buffers refilled behind them."""
+        wts = []
+        for j in range(prefetch):
+            wts.append(operand(bufs[j]))
+            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
+                vm.assign(dst, src)
+        return wts
+
     # register buffer j holds the packed weights of the steps s with s % prefetch == j
     bufs = [step_data(k_tile0 + j) for j in range(prefetch)]
     for it in vm.range(k_steps // prefetch, stages=stages):
         kt0 = k_tile0 + it * prefetch
         vm.copy_async(sx, gx, [kt0 * panels, row0, 0])
         vm.commit_group()
+        if overlap:  # convert while the previous iteration's multiplies run, then wait
+            wts = converted(kt0)  # for them: the x stage they read is refilled next
+            vm.dot_wait()
         vm.wait_group(0)
         vm.sync()
+        if not overlap:
+            wts = converted(kt0)
         for j in range(prefetch):
-            wt = operand(bufs[j])
-            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
-                vm.assign(dst, src)
             for p in range(panels):
-                a = vm.extract(wt, [0, p * PANEL], [bn, PANEL], lay.a)
+                a = vm.extract(wts[j], [0, p * PANEL], [bn, PANEL], lay.a)
                 vm.dot_shared(a, sx, acc, offsets=[j * panels + p, 0, 0], shape=[bm, PANEL],
-                              out=acc)
+                              out=acc, wait=not overlap)
         if not stages or stages < 2:
+            if overlap:
+                vm.dot_wait()
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
+    if overlap:
+        vm.dot_wait()
     vm.free_shared(sx)
     store_result(_rows_of_y(acc, bm, bn, warpgroups), m, n, y, ws, counters, adtype, bm, bn,
                  split, fused_split)
@@ -164,11 +183,13 @@ def quant_gemm_wgmma(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16
                      wtype: vm.constexpr = vm.int4, group: int = 128,
                      zero_point: bool = False, bm: int = 256, bn: int = 128, bk: int = 128,
                      warpgroups: int = 2, split: int = 1, stages: int | None = 3,
-                     prefetch: int = 1, fused_split: bool = True):
+                     prefetch: int = 1, fused_split: bool = True, overlap: bool = True):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` on wgmma (sm_90a), split-K as in
-    ``store_result``, on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
+    ``store_result``, on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`
+    (``overlap=False``: each step's multiplies waited for before the next conversion)."""
     _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
-                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split)
+                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split,
+                overlap)
 
 
 @vm.program
@@ -180,7 +201,8 @@ def quant_gemm_wgmma_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bf
                           zero_point: bool = False, bm: int = 256, bn: int = 128,
                           bk: int = 128, warpgroups: int = 2, split: int = 1,
                           stages: int | None = 3, prefetch: int = 1,
-                          fused_split: bool = True):
+                          fused_split: bool = True, overlap: bool = True):
     """:func:`quant_gemm_wgmma` with bfloat16 activations, scales, zeros and output."""
     _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype, group,
-                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split)
+                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split,
+                overlap)

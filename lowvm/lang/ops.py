@@ -41,7 +41,7 @@ from lowvm.instructions import (
     WaitGroup,
     WaitPriorGrid,
 )
-from lowvm.instructions.dot import DOT_TYPES, DotShared
+from lowvm.instructions.dot import DOT_TYPES, DotShared, DotWait
 from lowvm.instructions.elementwise import COMPARISONS, OPS
 from lowvm.ir import (
     BOOL,
@@ -74,7 +74,8 @@ __all__ = [
     "register_tensor", "view", "cast", "permute", "transpose", "assign", "extract",
     "add", "sub", "mul", "div", "mod", "maximum", "minimum", "neg", "abs", "exp", "sqrt",
     "where", "fma", "lt", "le", "gt", "ge", "eq", "ne",
-    "reduce", "sum", "max", "min", "dot", "dot_shared", "sync", "wait_prior_grid", "static_assert",
+    "reduce", "sum", "max", "min", "dot", "dot_shared", "dot_wait", "sync", "wait_prior_grid",
+    "static_assert",
     "range", "if_", "else_", "let",
 ]  # fmt: skip
 
@@ -593,12 +594,14 @@ def dot(a: RegisterTensor, b: RegisterTensor, c: RegisterTensor,
 
 def dot_shared(a: RegisterTensor, b: SharedTensor, c: RegisterTensor,
                offsets: Sequence[ExprLike] | None = None, shape: Sequence[int] | None = None,
-               out: RegisterTensor | None = None) -> RegisterTensor:
+               out: RegisterTensor | None = None, wait: bool = True) -> RegisterTensor:
     """``a @ tile^T + c`` with ``tile`` the ``[N, K]`` tile of shared ``b`` at ``offsets``
     (default: ``b``'s last two dims): the tensor cores read ``b`` in place (``wgmma`` on
     sm_90a where the layouts fit, see :class:`lowvm.instructions.DotShared`). ``a`` and
     ``c`` need layouts, e.g. from :func:`lowvm.layouts.wgmma_layouts`; ``out=c``
-    accumulates."""
+    accumulates. ``wait=False`` returns before the multiply completes: until
+    :func:`dot_wait`, ``a``, the result and the tile may not be used or overwritten (the
+    interpreter checks it), and the work in between runs beside the tensor cores."""
     a, c = _tile(a, "dot_shared"), _tile(c, "dot_shared")
     if not isinstance(b, SharedTensor):
         raise _fail(f"dot_shared: b must be a shared tile, got {type(b).__name__}")
@@ -610,8 +613,13 @@ def dot_shared(a: RegisterTensor, b: SharedTensor, c: RegisterTensor,
     result = _out_or_new(out, c.dtype, c.shape, c.layout, "dot_shared")
     current().emit(DotShared(out=result, a=a, b=b, offsets=_offsets(offsets, b.rank,
                                                                       "dot_shared"),
-                             shape=(tile[0], tile[1]), c=c, loc=_loc()))
+                             shape=(tile[0], tile[1]), c=c, wait=bool(wait), loc=_loc()))
     return result
+
+
+def dot_wait() -> None:
+    """Wait for every :func:`dot_shared` issued with ``wait=False``."""
+    current().emit(DotWait(loc=_loc()))
 
 
 # ---------------------------------------------------------------------------------------
