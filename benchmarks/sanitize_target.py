@@ -1,7 +1,8 @@
 """Small quantized-GEMM launches for compute-sanitizer memcheck/racecheck runs: the example
 ``quant_matmul`` and the library's ``quant_gemm`` in its decode (split-K, prefetch,
-zero points) and prefill (pipelined x, 4x4 warps) schedules and quant_gemm_prefill,
-with a masked M."""
+zero points) and prefill (pipelined x, 4x4 warps) schedules, quant_gemm_prefill and,
+on sm_90, quant_gemm_wgmma (overlapped and waiting multiplies, split K), with a masked
+M."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from lowvm.kernels.library import (
     prefill_quant_linear,
     prepare_weight,
     quant_linear,
+    wgmma_quant_linear,
 )
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 
@@ -41,5 +43,10 @@ for rows in (3, 130):
     out = quant_linear(xs, weight, GemmSchedule(split=2, prefetch=2, x_whole=k // 2, x_rows=1))
     # the prefill kernel, rows masked (cp.async chunks past M read nothing: src-size 0)
     out = prefill_quant_linear(xs, weight)
+    if torch.cuda.get_device_capability() == (9, 0):  # the wgmma kernel, rows masked
+        for bm, split in ((256, 1), (32, 2)):
+            s = GemmSchedule(bm=bm, bn=128, bk=weight.bk, warps_m=8, warps_n=1, split=split,
+                             stages=3, prefetch=1)
+            out = wgmma_quant_linear(xs, weight, s)
 torch.cuda.synchronize()
 print("sanitize targets ran; y[0, :4] =", y[0, :4].tolist(), "out[0, :2] =", out[0, :2].tolist())
