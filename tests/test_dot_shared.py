@@ -18,7 +18,7 @@ import lowvm.lang as vm
 from lowvm.codegen import generate_cuda
 from lowvm.compile import arch_for
 from lowvm.ir import ProgramError
-from lowvm.layouts import swizzle_128b, wgmma_layouts
+from lowvm.layouts import permute, swizzle_128b, wgmma_layouts
 from lowvm.passes import run_passes
 from lowvm.passes.instruction_selection import WgmmaPlan
 
@@ -201,7 +201,9 @@ def _async_program(mistake: str):
         vm.set_warps(4)
         vm.set_grid(1)
         lay = wgmma_layouts(64, 64, 32, 1)
-        av = vm.load_global(vm.global_view(a, [64, 32]), [0, 0], [64, 32], lay.a)
+        src = vm.load_global(vm.global_view(a, [32, 64], [1, 32]), [0, 0], [32, 64],
+                             permute(lay.a, [1, 0]))
+        av = vm.transpose(src)  # a renaming: the wgmma reads src's registers
         acc = vm.register_tensor(vm.float32, [64, 64], lay.c, init=0.0)
         sx = vm.shared_tensor(vm.float16, [64, 64], swizzle_128b(64, 64, vm.float16))
         gx = vm.global_view(x, [64, 64])
@@ -210,9 +212,13 @@ def _async_program(mistake: str):
         vm.wait_group(0)
         vm.sync()
         vm.dot_shared(av, sx, acc, shape=[64, 32], out=acc, wait=False)
-        vm.dot_shared(av if mistake == "reuse a" else vm.load_global(
-            vm.global_view(a, [64, 32]), [0, 0], [64, 32], lay.a), sx, acc, shape=[64, 32],
-            out=acc, wait=False)  # chained into the same accumulator: allowed
+        # the same operand again, chained into the same accumulator: allowed
+        vm.dot_shared(av, sx, acc, shape=[64, 32], out=acc, wait=False)
+        if mistake == "overwrite a":  # the registers the tensor cores are reading
+            vm.assign(av, vm.load_global(vm.global_view(a, [64, 32]), [0, 0], [64, 32], lay.a))
+        if mistake == "overwrite a's source":  # what a renames: the same registers
+            vm.assign(src, vm.load_global(vm.global_view(a, [32, 64], [1, 32]), [0, 0], [32, 64],
+                                          permute(lay.a, [1, 0])))
         if mistake == "read acc":
             vm.store_global(vm.global_view(y, [64, 64]), acc, [0, 0])
         if mistake == "overwrite tile":
@@ -233,7 +239,8 @@ def _async_program(mistake: str):
 
 @pytest.mark.parametrize("mistake,match", [
     ("read acc", "uses %.* while a dot_shared issued with wait=False"),
-    ("reuse a", "uses %.* while a dot_shared issued with wait=False"),
+    ("overwrite a", "uses %.* while a dot_shared issued with wait=False"),
+    ("overwrite a's source", "uses %.* while a dot_shared issued with wait=False"),
     ("overwrite tile", "may still be reading; vm.dot_wait"),
     ("free tile", "freed while a dot_shared issued with wait=False"),
     ("no wait", "not followed by vm.dot_wait"),

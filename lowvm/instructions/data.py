@@ -80,6 +80,7 @@ class View(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, reinterpret(st.get(self.src), self.src.dtype, self.out.dtype))
+        st.note_renaming(self.out, self.src)
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")
@@ -162,6 +163,10 @@ class Permute(_SameRegisters, Instruction):
     src: RegisterTensor
     dims: tuple[int, ...]
 
+    def interpret(self, st: BlockState) -> None:
+        super().interpret(st)
+        st.note_renaming(self.out, self.src)
+
     def check(self) -> None:
         if self.src.layout is None or self.out.layout is None:
             return  # checked again once layout inference has assigned them
@@ -229,6 +234,7 @@ class Extract(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, st.get(self.src)[:, self.local_map()])
+        st.note_renaming(self.out, self.src)
 
     def emit_cuda(self, cg: CudaContext) -> None:
         cg.line(f"// {self}")

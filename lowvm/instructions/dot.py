@@ -216,16 +216,34 @@ class DotShared(Instruction):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class DotWait(Instruction):
     """Wait until every ``dot_shared`` issued with ``wait=False`` has completed: their
-    results are readable and their operands and shared tiles free again."""
+    results are readable and their operands and shared tiles free again.
+
+    ``tiles``: the register tiles those calls read or wrote (their ``a`` operands, or the
+    tiles ``a`` renames, and the accumulator). The lowering keeps these registers in use
+    until the wait (an empty ``asm`` that reads and writes them), so the compiler cannot
+    give them to values computed while the tensor cores still read them."""
 
     mnemonic = "dot_wait"
+    tiles: tuple[RegisterTensor, ...] = ()
 
     def interpret(self, st: BlockState) -> None:
         st.wait_async_dots()
 
+    def chains(self) -> tuple[RegisterTensor, ...]:
+        """The wait itself may name the results in flight."""
+        return self.tiles
+
     def emit_cuda(self, cg: CudaContext) -> None:
-        if cg.uses_async_proxy:  # wgmma in the program; per-element dot_shared is done
-            cg.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");  '
-                    "// dot_wait")
-        else:
+        if not cg.uses_async_proxy:  # no wgmma in the program: per-element dot_shared
             cg.line("// dot_wait (no wgmma in flight)")
+            return
+        cg.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");  '
+                "// dot_wait")
+        for tile in self.tiles:
+            words, kind = (tile.layout.local_size * tile.dtype.nbits // 32,
+                           "f" if tile.dtype == float32 else "r")
+            ctype = "float" if kind == "f" else "lowvm_u32"
+            regs = f"reinterpret_cast<{ctype}*>({cg.name(tile)})"
+            cg.line("#pragma unroll")
+            with cg.block(f"for (int w = 0; w < {words}; ++w)"):
+                cg.line(f'asm volatile("" : "+{kind}"({regs}[w]) :: "memory");')

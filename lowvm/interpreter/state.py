@@ -38,6 +38,9 @@ class BlockState:
         self.pending_operands: set[RegisterTensor] = set()
         self.pending_results: set[RegisterTensor] = set()
         self.pending_reads: list[SharedStorage] = []
+        #: tiles that are other tiles' registers under new names (view, permute, extract):
+        #: the GPU reads the source's registers where the program names the result
+        self.renamed_from: dict[RegisterTensor, RegisterTensor] = {}
 
     # scalars and errors ---------------------------------------------------------------
     def eval(self, expr: ExprLike):
@@ -127,22 +130,31 @@ class BlockState:
     def start_async_dot(self, a: RegisterTensor, out: RegisterTensor, storage: SharedStorage,
                         pos: np.ndarray) -> None:
         """A dot_shared issued without waiting: its tiles and shared reads stay busy."""
-        self.pending_operands.add(a)
+        while a is not None:  # the registers the tensor cores read: a's, and their sources'
+            self.pending_operands.add(a)
+            a = self.renamed_from.get(a)
         self.pending_results.add(out)
         storage.tensor_core_reads[pos] = True
         self.pending_reads.append(storage)
 
+    def note_renaming(self, out: RegisterTensor, src: RegisterTensor) -> None:
+        """``out`` is ``src``'s registers under new names (see ``renamed_from``)."""
+        self.renamed_from[out] = src
+
     def check_not_pending(self, inst: Instruction) -> None:
-        """Raise if ``inst`` touches a tile of a dot_shared still in flight; another
-        dot_shared may accumulate into its result (the tensor cores run them in order)."""
+        """Raise if ``inst`` writes the registers a dot_shared still in flight reads (its
+        ``a`` or what ``a`` renames), or uses its result at all; another dot_shared may
+        accumulate into that result (the tensor cores run them in order)."""
         out = inst.output()
         chained = getattr(inst, "chains", lambda: ())()
-        for tile in (*inst.operands(), *((out,) if out is not None else ())):
-            if tile in self.pending_operands or (tile in self.pending_results
-                                                 and tile not in chained):
-                raise self.runtime_error(
-                    inst, f"uses %{tile.name} while a dot_shared issued with wait=False may "
-                    "still read or write it; vm.dot_wait() first")
+        busy = [t for t in inst.operands() if t in self.pending_results and t not in chained]
+        if out is not None and (out in self.pending_operands
+                                or (out in self.pending_results and out not in chained)):
+            busy.append(out)
+        if busy:
+            raise self.runtime_error(
+                inst, f"uses %{busy[0].name} while a dot_shared issued with wait=False may "
+                "still read or write it; vm.dot_wait() first")
 
     def wait_async_dots(self) -> None:
         """dot_wait: every dot_shared issued so far has completed."""

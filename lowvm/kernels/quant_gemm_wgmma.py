@@ -19,8 +19,9 @@ Why it is shaped this way (sm_90a):
 - ``x`` comes through a ``stages``-deep ``cp.async`` ring (the software-pipelining pass);
   weights and scales are prefetched ``prefetch`` K steps ahead in round-robin registers.
 - The multiplies are issued without waiting (``dot_shared(wait=False)``): the next
-  iteration converts its weights while the tensor cores run, and waits (``dot_wait``)
-  only before the barrier after which the x stage they read is refilled.
+  iteration converts its weights (into other registers) while the tensor cores run, and
+  waits (``dot_wait``) only before the barrier after which the x stage they read is
+  refilled, then copies the new operands in.
 
 Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``bk`` 64 or 128 (the format's K
 tile: ``group`` >= 64), ``n`` of ``bn``; ``m`` is anything (rows are masked).
@@ -37,6 +38,7 @@ from lowvm.kernels.quant_gemm_prefill import FORMAT_BN, prefill_layouts
 from lowvm.layouts import (
     SharedLayout,
     local,
+    permute,
     reduce,
     shared_strided,
     spatial,
@@ -130,17 +132,22 @@ def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wt
 
     # register buffer j holds the packed weights of the steps s with s % prefetch == j
     bufs = [step_data(k_tile0 + j) for j in range(prefetch)]
+    # overlap: the operands the multiplies in flight read; the next step's conversion
+    # goes elsewhere and is copied in after dot_wait, which keeps these registers reserved
+    cur = [vm.register_tensor(adtype, [bn, bk], permute(pl.values, [1, 0]), init=0.0)
+           for _ in range(prefetch)] if overlap else []
     for it in vm.range(k_steps // prefetch, stages=stages):
         kt0 = k_tile0 + it * prefetch
         vm.copy_async(sx, gx, [kt0 * panels, row0, 0])
         vm.commit_group()
         if overlap:  # convert while the previous iteration's multiplies run, then wait
-            wts = converted(kt0)  # for them: the x stage they read is refilled next
-            vm.dot_wait()
+            nxt = converted(kt0)  # for them: the x stage they read is refilled next
+            vm.dot_wait(*cur, acc)
+            for dst, src in zip(cur, nxt):
+                vm.assign(dst, src)
         vm.wait_group(0)
         vm.sync()
-        if not overlap:
-            wts = converted(kt0)
+        wts = cur if overlap else converted(kt0)
         for j in range(prefetch):
             for p in range(panels):
                 a = vm.extract(wts[j], [0, p * PANEL], [bn, PANEL], lay.a)
@@ -148,10 +155,10 @@ def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wt
                               out=acc, wait=not overlap)
         if not stages or stages < 2:
             if overlap:
-                vm.dot_wait()
+                vm.dot_wait(*cur, acc)
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
     if overlap:
-        vm.dot_wait()
+        vm.dot_wait(*cur, acc)
     vm.free_shared(sx)
     store_result(_rows_of_y(acc, bm, bn, warpgroups), m, n, y, ws, counters, adtype, bm, bn,
                  split, fused_split)

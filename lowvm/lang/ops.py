@@ -617,9 +617,13 @@ def dot_shared(a: RegisterTensor, b: SharedTensor, c: RegisterTensor,
     return result
 
 
-def dot_wait() -> None:
-    """Wait for every :func:`dot_shared` issued with ``wait=False``."""
-    current().emit(DotWait(loc=_loc()))
+def dot_wait(*tiles: RegisterTensor) -> None:
+    """Wait for every :func:`dot_shared` issued with ``wait=False``. Name the register
+    tiles they read and accumulate into (``a``, or the tile ``a`` was extracted or
+    transposed from, and the accumulator): the lowering keeps those registers reserved
+    until here, so values computed meanwhile (in a loop, the next step's operands) go
+    elsewhere."""
+    current().emit(DotWait(tiles=tuple(_tile(t, "dot_wait") for t in tiles), loc=_loc()))
 
 
 # ---------------------------------------------------------------------------------------
