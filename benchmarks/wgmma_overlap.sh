@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wgmma GEMM with its multiplies overlapped with the next step's conversion
-# (dot_shared(wait=False) + dot_wait, the default) against the waiting form
-# (LOWVM_WGMMA_WAIT=1), same schedules, one device call: the wgmma GPU tests, compute-
+# (dot_shared(wait=False) + dot_wait: LOWVM_WGMMA_OVERLAP=1, x tiles of <= 128 rows)
+# against the waiting form (the default), same schedules, one device call: the wgmma GPU
+# tests, compute-
 # sanitizer memcheck/racecheck on benchmarks/sanitize_target.py, then M = 64 / 256 / 4096
 # on the five Llama shapes for each form (DESIGN's event method).
 # Run: bash benchmarks/wgmma_overlap.sh
@@ -16,8 +17,8 @@ for tool in memcheck racecheck; do
   echo "$tool rc=$?: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/$tool.log" | tail -n 1)"
 done
 for form in wait overlap; do
-  flag=$([ "$form" = wait ] && echo 1 || echo 0)
-  LOWVM_WGMMA_WAIT=$flag timeout 150 python benchmarks/gemm_quick.py --ms "${MS:-64,256,4096}" \
+  flag=$([ "$form" = wait ] && echo 0 || echo 1)
+  LOWVM_WGMMA_OVERLAP=$flag timeout 150 python benchmarks/gemm_quick.py --ms "${MS:-64,256,4096}" \
     --wgmma --out "$OUT/wgmma_$form.json" > "$OUT/wgmma_$form.log" 2>&1
   echo "$form rc=$?"
 done
