@@ -25,20 +25,13 @@ SCHEDULES = {
     "wg1_bm64_split2_pf2": _S(bm=64, bn=64, bk=128, warps_m=4, warps_n=1, split=2,
                               stages=2, prefetch=2),
     "bm40_unstaged": _S(bm=40, bn=128, bk=128, warps_m=8, warps_n=1, stages=None),
-    # the overlapped form (dot_shared without wait), which the kernel allows up to 128 rows
-    "overlap_bm128_pf2": _S(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3,
-                            prefetch=2),
-    "overlap_bm64_split2_unstaged": _S(bm=64, bn=128, bk=128, warps_m=8, warps_n=1,
-                                       split=2, stages=None),
+    "bm128_pf2": _S(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, prefetch=2),
 }
-OVERLAP = {"overlap_bm128_pf2", "overlap_bm64_split2_unstaged"}
 
 
 def _constants(s: GemmSchedule) -> dict:
-    name = next((k for k, v in SCHEDULES.items() if v is s), "")
     return dict(bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
-                stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split,
-                overlap=name in OVERLAP)
+                stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
 
 
 def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512, g=128,
@@ -81,8 +74,7 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
 @pytest.mark.parametrize("wtype,sched", [
     ("int4", "default"), ("int4", "bn256_bm128"), ("int4", "wg1_bm64_split2_pf2"),
     ("int4", "bm40_unstaged"), ("int3", "default"), ("float6_e3m2", "bn256_bm128"),
-    ("int8", "default"), ("int2", "wg1_bm64_split2_pf2"), ("int4", "overlap_bm128_pf2"),
-    ("uint4", "overlap_bm64_split2_unstaged")])
+    ("int8", "default"), ("int2", "wg1_bm64_split2_pf2"), ("int4", "bm128_pf2")])
 def test_interpreter_matches_float64(wtype, sched):
     y, ref = _run(wtype, 37, SCHEDULES[sched])
     assert _rel(y, ref) < 2e-3
@@ -127,8 +119,7 @@ def test_ptxas_sm90a_without_spills(wtype, sched):
     ("int3", "default", 77, False, False), ("int8", "default", 256, False, False),
     ("uint4", "default", 200, True, False), ("uint4", "default", 64, True, True),
     ("float6_e3m2", "bn256_bm128", 90, False, False),
-    ("int4", "overlap_bm128_pf2", 200, False, False),
-    ("int4", "overlap_bm64_split2_unstaged", 70, False, True)])
+    ("int4", "bm128_pf2", 200, False, False)])
 def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
     import torch
 
@@ -138,13 +129,6 @@ def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
     tol = 2e-2 if bf16 else 2e-3
     assert _rel(out, ref) < tol
     np.testing.assert_allclose(out, np.asarray(y, np.float32), rtol=2e-2, atol=2e-2)
-
-
-def test_overlap_is_refused_at_256_rows():
-    from lowvm.ir import ProgramError
-
-    with pytest.raises(ProgramError, match="overlap=True at bm=256"):
-        quant_gemm_wgmma.build(wtype=lowvm.int4, group=128, overlap=True)
 
 
 def test_library_schedule_rule():

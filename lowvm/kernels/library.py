@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -688,7 +687,7 @@ _WGMMA_PLANS: dict[tuple, tuple[Any, Any, int]] = {}
 def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                 schedule: GemmSchedule | None) -> tuple[Any, Any, int]:
     key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
-           schedule, os.environ.get("LOWVM_WGMMA_OVERLAP", "0"))
+           schedule)
     plan = _WGMMA_PLANS.get(key)
     if plan is None:
         from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma, quant_gemm_wgmma_bf16
@@ -704,14 +703,10 @@ def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         if (k // s.bk) % (s.split * s.prefetch):
             raise LowvmError(f"wgmma schedule {s}: K / bk = {k // s.bk} steps must be a "
                              f"multiple of split x prefetch = {s.split * s.prefetch}")
-        # LOWVM_WGMMA_OVERLAP=1: the kernel's overlapped form where it is correct (x tiles
-        # of <= 128 rows; measured slower there), to measure one against the other
-        overlap = os.environ.get("LOWVM_WGMMA_OVERLAP", "0") == "1" and s.bm <= 128
         gemm = _compiled(quant_gemm_wgmma_bf16 if bf16 else quant_gemm_wgmma,
                          wtype=weight.wtype, group=weight.group, zero_point=zero_point,
                          bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
-                         stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split,
-                         overlap=overlap)
+                         stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
         plan = _WGMMA_PLANS[key] = (gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0)
     return plan
 

@@ -18,13 +18,9 @@ Why it is shaped this way (sm_90a):
   columns, so a warp writes whole rows instead of one element of 32 rows.
 - ``x`` comes through a ``stages``-deep ``cp.async`` ring (the software-pipelining pass);
   weights and scales are prefetched ``prefetch`` K steps ahead in round-robin registers.
-- ``overlap=True`` (an option, off by default) issues the multiplies without waiting
-  (``dot_shared(wait=False)``): the next iteration converts its weights into other
-  registers while the tensor cores run, waits (``dot_wait``) only before the barrier
-  after which the x stage they read is refilled, then copies the new operands in. On the
-  H100 it measured 7-13 % faster at 256-row x tiles but gave wrong sums there (the
-  interpreter accepts the program; the cause in the lowering is not found), and 3-17 %
-  slower at 64 and 128 rows, where it is correct: it is refused at 256 rows.
+- Each step's multiplies complete before the next step's conversion: a form that
+  converted while they ran (``dot_shared(wait=False)`` + ``dot_wait``) measured 7-13 %
+  faster at 256-row x tiles but gave wrong sums on the H100 (NOTES.md, eighth session).
 
 Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``bk`` 64 or 128 (the format's K
 tile: ``group`` >= 64), ``n`` of ``bn``; ``m`` is anything (rows are masked).
@@ -41,7 +37,6 @@ from lowvm.kernels.quant_gemm_prefill import FORMAT_BN, prefill_layouts
 from lowvm.layouts import (
     SharedLayout,
     local,
-    permute,
     reduce,
     shared_strided,
     spatial,
@@ -61,7 +56,7 @@ WGMMA_SCHEDULE = GemmSchedule(bm=256, bn=128, bk=128, warps_m=8, warps_n=1, spli
 
 
 def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warpgroups: int,
-                    prefetch: int, group: int, overlap: bool) -> None:
+                    prefetch: int, group: int) -> None:
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(bk in (64, 128), f"bk={bk}: the wgmma GEMM takes K tiles of 64 or 128 "
                      "(128-byte panels of x); use quant_gemm_prefill for smaller groups")
@@ -72,18 +67,13 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warpgroups: int,
                      f"bn={bn} weight rows must be a multiple of 64 x warpgroups "
                      f"({64 * warpgroups})")
     vm.static_assert(adtype.nbits == 16, "x must be float16 or bfloat16")
-    vm.static_assert(not overlap or bm <= 128,
-                     f"overlap=True at bm={bm}: the overlapped form gave wrong sums on the "
-                     "H100 at 256-row x tiles (NOTES.md, eighth session); use bm <= 128 or "
-                     "overlap=False")
 
 
 def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wtype: DType,
                 group: int, zero_point: bool, bm: int, bn: int, bk: int, warpgroups: int,
-                split: int, stages: int | None, prefetch: int, fused_split: bool,
-                overlap: bool = False) -> None:
+                split: int, stages: int | None, prefetch: int, fused_split: bool) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
-    _check_schedule(adtype, bm, bn, bk, warpgroups, prefetch, group, overlap)
+    _check_schedule(adtype, bm, bn, bk, warpgroups, prefetch, group)
     pl = prefill_layouts(wtype, bn, bk, warpgroups * 128, adtype)
     panels = bk // PANEL
     lay = wgmma_layouts(bn, bm, PANEL, warpgroups, adtype)
@@ -128,44 +118,24 @@ def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wt
             wk = wk - zero[0]
         return vm.transpose(wk * scale)
 
-    def converted(kt0):
-        """This iteration's weights as wgmma operands; the buffers refilled behind them."""
-        wts = []
-        for j in range(prefetch):
-            wts.append(operand(bufs[j]))
-            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
-                vm.assign(dst, src)
-        return wts
-
     # register buffer j holds the packed weights of the steps s with s % prefetch == j
     bufs = [step_data(k_tile0 + j) for j in range(prefetch)]
-    # overlap: the operands the multiplies in flight read; the next step's conversion
-    # goes elsewhere and is copied in after dot_wait, which keeps these registers reserved
-    cur = [vm.register_tensor(adtype, [bn, bk], permute(pl.values, [1, 0]), init=0.0)
-           for _ in range(prefetch)] if overlap else []
     for it in vm.range(k_steps // prefetch, stages=stages):
         kt0 = k_tile0 + it * prefetch
         vm.copy_async(sx, gx, [kt0 * panels, row0, 0])
         vm.commit_group()
-        if overlap:  # convert while the previous iteration's multiplies run, then wait
-            nxt = converted(kt0)  # for them: the x stage they read is refilled next
-            vm.dot_wait(*cur, acc)
-            for dst, src in zip(cur, nxt):
-                vm.assign(dst, src)
         vm.wait_group(0)
         vm.sync()
-        wts = cur if overlap else converted(kt0)
         for j in range(prefetch):
+            wt = operand(bufs[j])
+            for dst, src in zip(bufs[j], step_data(kt0 + j + prefetch)):
+                vm.assign(dst, src)
             for p in range(panels):
-                a = vm.extract(wts[j], [0, p * PANEL], [bn, PANEL], lay.a)
+                a = vm.extract(wt, [0, p * PANEL], [bn, PANEL], lay.a)
                 vm.dot_shared(a, sx, acc, offsets=[j * panels + p, 0, 0], shape=[bm, PANEL],
-                              out=acc, wait=not overlap)
+                              out=acc)
         if not stages or stages < 2:
-            if overlap:
-                vm.dot_wait(*cur, acc)
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
-    if overlap:
-        vm.dot_wait(*cur, acc)
     vm.free_shared(sx)
     store_result(_rows_of_y(acc, bm, bn, warpgroups), m, n, y, ws, counters, adtype, bm, bn,
                  split, fused_split)
@@ -197,14 +167,11 @@ def quant_gemm_wgmma(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16
                      wtype: vm.constexpr = vm.int4, group: int = 128,
                      zero_point: bool = False, bm: int = 256, bn: int = 128, bk: int = 128,
                      warpgroups: int = 2, split: int = 1, stages: int | None = 3,
-                     prefetch: int = 1, fused_split: bool = True, overlap: bool = False):
+                     prefetch: int = 1, fused_split: bool = True):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` on wgmma (sm_90a), split-K as in
-    ``store_result``, on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`
-    (``overlap=True``: the next step's conversion runs beside the multiplies; see the
-    module docstring)."""
+    ``store_result``, on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
     _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
-                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split,
-                overlap)
+                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split)
 
 
 @vm.program
@@ -216,8 +183,7 @@ def quant_gemm_wgmma_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bf
                           zero_point: bool = False, bm: int = 256, bn: int = 128,
                           bk: int = 128, warpgroups: int = 2, split: int = 1,
                           stages: int | None = 3, prefetch: int = 1,
-                          fused_split: bool = True, overlap: bool = False):
+                          fused_split: bool = True):
     """:func:`quant_gemm_wgmma` with bfloat16 activations, scales, zeros and output."""
     _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype, group,
-                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split,
-                overlap)
+                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split)

@@ -599,9 +599,11 @@ def dot_shared(a: RegisterTensor, b: SharedTensor, c: RegisterTensor,
     (default: ``b``'s last two dims): the tensor cores read ``b`` in place (``wgmma`` on
     sm_90a where the layouts fit, see :class:`lowvm.instructions.DotShared`). ``a`` and
     ``c`` need layouts, e.g. from :func:`lowvm.layouts.wgmma_layouts`; ``out=c``
-    accumulates. ``wait=False`` returns before the multiply completes: until
-    :func:`dot_wait`, ``a``, the result and the tile may not be used or overwritten (the
-    interpreter checks it), and the work in between runs beside the tensor cores."""
+    accumulates. ``wait=False`` lets the call return before the multiply completes: until
+    :func:`dot_wait`, the registers of ``a`` (and of what ``a`` renames), the result and
+    the tile may not be overwritten or, the result, read (the interpreter checks it). The
+    wgmma lowering still waits at the call: issuing without waiting gave wrong sums on
+    the H100 in the eighth session (NOTES.md)."""
     a, c = _tile(a, "dot_shared"), _tile(c, "dot_shared")
     if not isinstance(b, SharedTensor):
         raise _fail(f"dot_shared: b must be a shared tile, got {type(b).__name__}")
