@@ -121,6 +121,28 @@ def parse_variant(spec: str, base: GemmSchedule, streamed: GemmSchedule | None =
         x_steps=more[1] if len(more) > 1 else 0, l2_ahead=more[2] if len(more) > 2 else 0)
 
 
+def kernel_rows(kernel, run, scheds, x, qw, ref, flush, wbytes, tname):
+    """Rows timing ``run(x, qw, s)`` for each schedule (a schedule the kernel refuses, e.g.
+    over the shared memory limit, is skipped with the reason)."""
+    m, k, n = x.shape[0], qw.k, qw.n
+    rows = []
+    for s in scheds:
+        try:
+            y = run(x, qw, s)
+        except LowvmError as exc:
+            print(f"skipped {s}: {str(exc).splitlines()[-1][:200]}", flush=True)
+            continue
+        err = float((y.float() - ref).norm() / ref.norm())
+        us = timed(lambda s=s: run(x, qw, s), flush)
+        rows.append(dict(kernel=kernel, dtype=tname, k=k, n=n, m=m, split=s.split,
+                         prefetch=s.prefetch, stages=s.stages, bm=s.bm, bn=s.bn,
+                         warps=f"{s.warps_m}x{s.warps_n}", us=us, rel_err=err,
+                         gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
+                         floor_us=wbytes / 3.04e6))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def wgmma_rows(args, x, qw, ref, flush, wbytes, tname):
     """Rows timing quant_gemm_wgmma (the chosen schedule, or each of --wgmma-schedules:
     bm:bn:warpgroups:stages[:split[:prefetch]])."""
@@ -132,22 +154,7 @@ def wgmma_rows(args, x, qw, ref, flush, wbytes, tname):
             bm, bn, wg, st, *rest = (int(v) for v in spec.split(":"))
             split, pf = (rest + [1, 1])[:2]
             scheds.append(GemmSchedule(bm, bn, qw.bk, 4 * wg, 1, split, st or None, pf))
-    rows = []
-    for s in scheds:
-        try:
-            y = wgmma_quant_linear(x, qw, s)
-        except LowvmError as exc:  # e.g. over the shared memory limit
-            print(f"skipped {s}: {str(exc).splitlines()[-1][:200]}", flush=True)
-            continue
-        err = float((y.float() - ref).norm() / ref.norm())
-        us = timed(lambda s=s: wgmma_quant_linear(x, qw, s), flush)
-        rows.append(dict(kernel="wgmma", dtype=tname, k=k, n=n, m=m, split=s.split,
-                         prefetch=s.prefetch, stages=s.stages, bm=s.bm, bn=s.bn,
-                         warps=f"{s.warps_m}x{s.warps_n}", us=us, rel_err=err,
-                         gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
-                         floor_us=wbytes / 3.04e6))
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+    return kernel_rows("wgmma", wgmma_quant_linear, scheds, x, qw, ref, flush, wbytes, tname)
 
 
 def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
@@ -160,18 +167,8 @@ def prefill_rows(args, x, qw, ref, flush, wbytes, tname):
             bm, bn, wm, wn, st, *split = (int(v) for v in spec.split(":"))
             scheds.append(GemmSchedule(bm, bn, qw.bk, wm, wn, split[0] if split else 1,
                                        st or None, 1))
-    rows = []
-    for s in scheds:
-        y = prefill_quant_linear(x, qw, s)
-        err = float((y.float() - ref).norm() / ref.norm())
-        us = timed(lambda s=s: prefill_quant_linear(x, qw, s), flush)
-        rows.append(dict(kernel="prefill", dtype=tname, k=k, n=n, m=m, split=s.split,
-                         prefetch=s.prefetch, stages=s.stages, bm=s.bm, bn=s.bn,
-                         warps=f"{s.warps_m}x{s.warps_n}", us=us, rel_err=err,
-                         gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
-                         floor_us=wbytes / 3.04e6))
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
+    return kernel_rows("prefill", prefill_quant_linear, scheds, x, qw, ref, flush, wbytes,
+                       tname)
 
 
 def main() -> None:

@@ -34,6 +34,17 @@ DOT_TYPES = {float16: float32, bfloat16: float32, int8: int32, uint8: int32}
 SHARED_DOT_TYPES = {float16: float32, bfloat16: float32}
 
 
+def _to_scratch(cg: CudaContext, tiles) -> None:
+    """Each ``(tile, buffer)``'s elements into its row-major scratch buffer, between block
+    barriers (the per-element lowerings read other threads' operands from there)."""
+    cg.line("__syncthreads();")
+    for tile, buf in tiles:
+        cg.line("#pragma unroll")
+        with cg.block(f"for (int l = 0; l < {tile.layout.local_size}; ++l)"):
+            cg.line(f"{buf}[{cg.flat_index(tile.layout, tile.shape)}] = {cg.get(tile, 'l')};")
+    cg.line("__syncthreads();")
+
+
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Dot(Instruction):
@@ -83,13 +94,7 @@ class Dot(Instruction):
         with cg.block(""):
             cg.line(f"{ctype}* sa = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
             cg.line(f"{ctype}* sb = sa + {m * k};")
-            cg.line("__syncthreads();")
-            for tile, buf in ((self.a, "sa"), (self.b, "sb")):
-                cg.line("#pragma unroll")
-                with cg.block(f"for (int l = 0; l < {tile.layout.local_size}; ++l)"):
-                    flat = cg.flat_index(tile.layout, tile.shape)
-                    cg.line(f"{buf}[{flat}] = {cg.get(tile, 'l')};")
-            cg.line("__syncthreads();")
+            _to_scratch(cg, ((self.a, "sa"), (self.b, "sb")))
             cg.line("#pragma unroll")
             with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):
                 lay = self.c.layout
@@ -191,12 +196,7 @@ class DotShared(Instruction):
         lead = self.b.rank - 2
         with cg.block(""):
             cg.line(f"{ctype}* sa = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
-            cg.line("__syncthreads();")
-            cg.line("#pragma unroll")
-            with cg.block(f"for (int l = 0; l < {self.a.layout.local_size}; ++l)"):
-                cg.line(f"sa[{cg.flat_index(self.a.layout, self.a.shape)}] = "
-                        f"{cg.get(self.a, 'l')};")
-            cg.line("__syncthreads();")
+            _to_scratch(cg, ((self.a, "sa"),))
             cg.line("#pragma unroll")
             with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):
                 lay = self.c.layout

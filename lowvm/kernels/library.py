@@ -345,8 +345,7 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     """(compiled GEMM, compiled unfused split-K epilogue or None, rows per output tile
     when split > 1, else 0) for one call shape, cached so a repeated call (every decode
     step) costs one dict lookup."""
-    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
-           schedule)
+    key = _plan_key(m, weight, bf16, zero_point, schedule)
     plan = _PLANS.get(key)
     if plan is None:
         n, k = weight.n, weight.k
@@ -582,10 +581,16 @@ def _device_arch(device: Any) -> str:
     return f"sm_{major}{minor}"
 
 
+def _plan_key(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+              schedule: GemmSchedule | None) -> tuple:
+    """What a compiled plan depends on (the planners' cache key)."""
+    return (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
+            schedule)
+
+
 def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                   schedule: GemmSchedule | None) -> tuple[Any, Any, int]:
-    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
-           schedule)
+    key = _plan_key(m, weight, bf16, zero_point, schedule)
     plan = _PREFILL_PLANS.get(key)
     if plan is None:
         from lowvm.kernels.quant_gemm_prefill import (
@@ -686,8 +691,7 @@ _WGMMA_PLANS: dict[tuple, tuple[Any, Any, int]] = {}
 
 def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                 schedule: GemmSchedule | None) -> tuple[Any, Any, int]:
-    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16, zero_point,
-           schedule)
+    key = _plan_key(m, weight, bf16, zero_point, schedule)
     plan = _WGMMA_PLANS.get(key)
     if plan is None:
         from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma, quant_gemm_wgmma_bf16
