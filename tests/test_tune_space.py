@@ -171,3 +171,17 @@ def test_the_model_ranks_the_builtin_choice_and_refuses_what_does_not_run():
     assert estimate(Schedule(16, 64, 128, 1, 4), P1, H100_SXM).fits  # generic: as before
     with pytest.raises(TuneError, match="schedule="):
         estimate("16x64", P1, H100_SXM)
+
+
+def test_wgmma_paths_are_named_not_tuned():
+    """On sm_90, M where quant_linear runs the wgmma kernel is outside the library space:
+    wgmma_runs says so (and Autotuner.tune refuses it there, naming why)."""
+    from lowvm.tune import Problem
+    from lowvm.tune.space import wgmma_runs
+
+    big = dict(n=28672, k=4096, bits=4, group=128)
+    assert [wgmma_runs(Problem(m=m, **big), sm90=True) for m in (16, 17, 64, 4096)] == [
+        False, True, True, True]
+    assert not wgmma_runs(Problem(m=64, n=6144, k=4096, bits=4, group=128), sm90=True)
+    assert not wgmma_runs(Problem(m=4096, **big), sm90=False)
+    assert not wgmma_runs(Problem(m=256, n=4096, k=4096, bits=4, group=32), sm90=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 
+from lowvm.dtypes import dtype as as_dtype
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.library import (
     NUM_SMS_DEFAULT,
@@ -25,6 +26,7 @@ from lowvm.kernels.library import (
     X_WHOLE_BYTES,
     choose_schedule,
     plan_refusal,
+    runs_wgmma,
     weight_bk,
 )
 from lowvm.tune.errors import TuneError
@@ -57,6 +59,25 @@ def _check_problem(problem: Problem) -> None:
     if problem.k % bk or problem.group % bk:
         raise TuneError(f"Problem: K={problem.k} and group={problem.group} must be multiples "
                         f"of the format's K tile {bk}")
+
+
+def wgmma_runs(problem: Problem, sm90: bool | None = None) -> bool:
+    """Whether untuned ``quant_linear`` runs the wgmma kernel for ``problem`` (on sm_90:
+    ``sm90`` None asks torch about the current device), so that no schedule of
+    :func:`library_space` would be used there."""
+    from types import SimpleNamespace
+
+    if problem.bits > 8:
+        return False
+    weight = SimpleNamespace(n=problem.n, k=problem.k, bk=format_bk(problem),
+                             wtype=as_dtype(f"int{problem.bits}"))
+    if not runs_wgmma(problem.m, weight):
+        return False
+    if sm90 is None:
+        import torch
+
+        sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    return bool(sm90)
 
 
 def builtin_schedule(problem: Problem) -> GemmSchedule:
