@@ -47,3 +47,44 @@ def test_tuned_decode_pick_is_no_slower_than_the_builtin_choice(tmp_path, monkey
     assert library.tuned_schedule(m, weight, cache) == result.schedule
     again = tuner.tune(problem, "int4")
     assert again.from_cache and again.schedule == result.schedule
+
+
+def test_tuned_wgmma_pick_is_used_by_quant_linear(tmp_path, monkeypatch):
+    """On sm_90 at M = 256 the tuner measures wgmma schedules against the built-in
+    wgmma choice, and quant_linear then runs the cached pick (results still correct)."""
+    import numpy as np
+    import torch
+
+    from lowvm.kernels import library
+    from lowvm.tune import Autotuner, Problem, TuneCache, builtin_schedule
+    from lowvm.tune.gpu import current_gpu
+    from lowvm.tune.measure import cuda_measure, quant_linear_build
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma kernel needs sm_90a (H100/H200)")
+    monkeypatch.setenv("LOWVM_TUNE_CACHE", str(tmp_path / "tune.json"))
+    m, n, k, group = 256, 4096, 4096, 128
+    codes, scales = library.quantize_to_codes(
+        np.random.default_rng(6).standard_normal((n, k)).astype(np.float32), "int4", group)
+    weight = library.prepare_weight(codes, scales, "int4", group, device="cuda")
+    problem = Problem(m, n, k, 4, group)
+    builtin = builtin_schedule(problem)
+    assert builtin.wgmma
+    measure = cuda_measure(quant_linear_build(weight, m))
+    cache = TuneCache(tmp_path / "tune.json")
+    result = Autotuner(measure, current_gpu(), cache=cache, top_k=3,
+                       progress=False).tune(problem, "int4")
+    print(result.summary())
+    assert result.builtin == builtin and result.schedule.wgmma
+    assert len(result.failures) < result.measured, result.failures
+    assert library.tuned_schedule(m, weight, cache) == result.schedule
+    library._WGMMA_PLANS.clear()
+    x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    y = library.quant_linear(x, weight)
+    (key, (gemm, _, _)), = library._WGMMA_PLANS.items()
+    consts, pick = dict(gemm.program.constants), result.schedule
+    assert key[-1] is None  # no schedule given: the plan took the cached pick
+    assert (consts["bm"], consts["bn"], consts["split"], consts["stages"],
+            consts["prefetch"]) == (pick.bm, pick.bn, pick.split, pick.stages, pick.prefetch)
+    ref = library.quant_linear(x, weight, builtin)
+    assert float((y.float() - ref.float()).norm() / ref.float().norm()) < 2e-3

@@ -173,9 +173,9 @@ def test_the_model_ranks_the_builtin_choice_and_refuses_what_does_not_run():
         estimate("16x64", P1, H100_SXM)
 
 
-def test_wgmma_paths_are_named_not_tuned():
-    """On sm_90, M where quant_linear runs the wgmma kernel is outside the library space:
-    wgmma_runs says so (and Autotuner.tune refuses it there, naming why)."""
+def test_wgmma_runs_where_quant_linear_runs_the_wgmma_kernel():
+    """wgmma_runs: the M (and weights) where untuned quant_linear runs the wgmma kernel
+    on sm_90, so that the tuner's built-in choice and space are its schedules."""
     from lowvm.tune import Problem
     from lowvm.tune.space import wgmma_runs
 
@@ -185,3 +185,42 @@ def test_wgmma_paths_are_named_not_tuned():
     assert not wgmma_runs(Problem(m=64, n=6144, k=4096, bits=4, group=128), sm90=True)
     assert not wgmma_runs(Problem(m=4096, **big), sm90=False)
     assert not wgmma_runs(Problem(m=256, n=4096, k=4096, bits=4, group=32), sm90=True)
+
+
+def test_wgmma_space_varies_the_builtin_choice(monkeypatch):
+    """Where quant_linear runs the wgmma kernel, the built-in choice is
+    choose_wgmma_schedule's and the space its variants, each one the kernel accepts."""
+    import lowvm
+    import lowvm.tune.space as space
+    from lowvm.kernels.library import choose_wgmma_schedule, wgmma_refusal
+    from lowvm.tune import Problem
+    from lowvm.tune.cache import schedule_from_entry, schedule_to_json
+
+    monkeypatch.setattr(space, "wgmma_runs", lambda problem, sm90=None: True)
+    p = Problem(m=256, n=6144, k=4096, bits=4, group=128)
+    base = space.builtin_schedule(p)
+    assert base == choose_wgmma_schedule(256, 6144, 4096, 128, lowvm.int4) and base.wgmma
+    found = space.library_space(p)
+    assert found[0] == base and len(found) == len(set(found)) > 20
+    assert all(s.wgmma and wgmma_refusal(s, 6144, 4096, 128) is None for s in found)
+    assert {s.bm for s in found} == {32, 64, 128, 256}
+    assert space.runnable_reason(base, 256, 6144, 4096, 128) is None
+    # the cache keeps the kind of kernel with every other field
+    assert schedule_from_entry(schedule_to_json(base)) == base
+
+
+def test_wgmma_refusal_names_the_value():
+    from lowvm.kernels.gemm_schedule import GemmSchedule
+    from lowvm.kernels.library import wgmma_refusal
+
+    ok = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, split=2, stages=3,
+                      prefetch=1, wgmma=True)
+    assert wgmma_refusal(ok, 4096, 4096, 128) is None
+    cases = [(dict(bm=100), "bm=100"), (dict(bn=96), "bn=96"), (dict(warps_n=2), "warps_n=2"),
+             (dict(split=3), "split x prefetch"), (dict(x_whole=512), "x_whole"),
+             (dict(bm=256, stages=4, prefetch=2), "shared memory"), (dict(bk=64), "bk=64")]
+    for change, needle in cases:
+        from dataclasses import replace
+
+        reason = wgmma_refusal(replace(ok, **change), 4096, 4096, 128)
+        assert reason is not None and needle in reason, (change, reason)

@@ -50,6 +50,10 @@ class GemmSchedule:
     #: layout) and only that row of the result is stored (decode at batch 1, where 15 of
     #: 16 rows would otherwise be zeros copied into shared memory); 0: ``bm``
     x_rows: int = 0
+    #: run :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma` (sm_90a): ``bm`` rows
+    #: of x by ``bn`` weight rows on ``warps_m`` = 4 x warpgroups warps (``warps_n`` = 1);
+    #: ``split``, ``stages`` and ``prefetch`` as above, no other option
+    wgmma: bool = False
 
     def constants(self) -> dict[str, int | None]:
         """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
@@ -93,11 +97,11 @@ class GemmSchedule:
 
 def with_fields(base: GemmSchedule, spec: str) -> GemmSchedule:
     """``base`` with the fields named in ``spec``, ``field=value/field=value`` (integers;
-    ``stages=0``: none; ``weights_shared`` and ``fused_split`` 0 or 1): how the benchmark
+    ``stages=0``: none; ``weights_shared``, ``fused_split`` and ``wgmma`` 0 or 1): how the benchmark
     scripts' command lines name schedules. An empty ``spec`` is ``base``."""
     fields: dict[str, object] = {}
     for item in filter(None, spec.split("/")):
         key, value = item.split("=")
-        fields[key] = (bool(int(value)) if key in ("weights_shared", "fused_split")
+        fields[key] = (bool(int(value)) if key in ("weights_shared", "fused_split", "wgmma")
                        else int(value) or None if key == "stages" else int(value))
     return replace(base, **fields)

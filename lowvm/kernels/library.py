@@ -32,7 +32,7 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule", "prefill_split", "plan_refusal",
-           "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma"]
+           "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma", "wgmma_refusal"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
@@ -349,7 +349,9 @@ def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     plan = _PLANS.get(key)
     if plan is None:
         n, k = weight.n, weight.k
-        s = schedule or tuned_schedule(m, weight) or choose_schedule(m, n, k, weight.bk)
+        tuned = None if schedule else tuned_schedule(m, weight)
+        s = schedule or (tuned if tuned and not tuned.wgmma else None) or choose_schedule(
+            m, n, k, weight.bk)
         refusal = plan_refusal(s, k, weight.bk)
         if refusal:
             raise LowvmError(f"schedule {s}: {refusal}")
@@ -532,6 +534,8 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
     x = _checked(x, weight)
     m, n = x.shape[0], weight.n
+    if schedule is not None and schedule.wgmma:
+        return _run(x, weight, schedule, _wgmma_plan)
     if schedule is None and runs_wgmma(m, weight) and _is_sm90(x.device):
         return _run(x, weight, None, _wgmma_plan)
     if (schedule is None and PREFILL_KERNEL == "quant_gemm_prefill"
@@ -664,7 +668,7 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     prefetch = 1 if bm == 256 else 2
     while (steps // split) % prefetch:
         prefetch //= 2
-    s = GemmSchedule(bm, bn, bk, warps, 1, split, base.stages, prefetch)
+    s = GemmSchedule(bm, bn, bk, warps, 1, split, base.stages, prefetch, wgmma=True)
     return s if threads_fit(as_dtype(wtype), s) else None
 
 
@@ -689,6 +693,46 @@ _SM90: dict[Any, bool] = {}
 _WGMMA_PLANS: dict[tuple, tuple[Any, Any, int]] = {}
 
 
+def wgmma_refusal(s: GemmSchedule, n: int, k: int, bk: int, wtype: DType | None = None
+                  ) -> str | None:
+    """Why :func:`quant_gemm_wgmma` cannot run ``s`` on a weight ``[n, k]`` of format K
+    tile ``bk`` (and type ``wtype``, when given), naming the values; None when it can: the
+    one place the planner and the tuner's space ask."""
+    from lowvm.codegen.shared_alloc import _align
+
+    if bk not in (64, 128) or s.bk != bk:
+        return (f"bk={s.bk}: the wgmma GEMM takes the weight's K tile, 64 or 128 (group "
+                f">= 64); this weight has {bk}")
+    if s.warps_n != 1 or s.warps_m not in (4, 8):
+        return f"warps_m={s.warps_m}, warps_n={s.warps_n}: accepted 4 x warpgroups (4 or 8), 1"
+    if s.bm % 8 or not 8 <= s.bm <= 256:
+        return f"bm={s.bm} rows of x: accepted a multiple of 8 in 8..256"
+    if s.bn % (16 * s.warps_m) or n % s.bn:
+        return (f"bn={s.bn} weight rows: accepted a multiple of 64 x warpgroups "
+                f"({16 * s.warps_m}) dividing N={n}")
+    if s.split < 1 or s.prefetch < 1 or (k // bk) % (s.split * s.prefetch):
+        return (f"K / bk = {k // bk} steps must be a multiple of split x prefetch = "
+                f"{s.split * s.prefetch} (both >= 1)")
+    if (s.weights_shared or s.min_blocks != 1 or s.x_steps or s.l2_ahead or s.k_slice
+            or s.x_whole or s.x_rows):
+        return ("the wgmma GEMM takes no weights_shared, min_blocks, x_steps, l2_ahead, "
+                "k_slice, x_whole or x_rows")
+    if s.stages is not None and s.stages < 1:
+        return f"stages={s.stages} must be None or >= 1"
+    x_bytes = max(1, s.stages or 1) * (bk // 64) * s.prefetch * _align(s.bm * 128, 1024)
+    y_bytes = s.bm * (s.bn + 4) * 4
+    if max(x_bytes, y_bytes) > 227 * 1024:
+        return (f"needs {max(x_bytes, y_bytes)} bytes of shared memory per block, over "
+                "227 KB; use fewer stages or a smaller bm")
+    if wtype is not None:
+        from lowvm.kernels.quant_gemm_prefill import threads_fit
+
+        if not threads_fit(wtype, s):
+            return (f"its {s.warps_m * 32} threads cannot split the {wtype.name} weight "
+                    "tile evenly")
+    return None
+
+
 def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
                 schedule: GemmSchedule | None) -> tuple[Any, Any, int]:
     key = _plan_key(m, weight, bf16, zero_point, schedule)
@@ -697,22 +741,26 @@ def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma, quant_gemm_wgmma_bf16
 
         n, k = weight.n, weight.k
-        s = schedule or choose_wgmma_schedule(m, n, k, weight.bk, weight.wtype)
+        s = (schedule or _tuned_wgmma(m, weight)
+             or choose_wgmma_schedule(m, n, k, weight.bk, weight.wtype))
         if s is None:
             raise LowvmError(f"the wgmma GEMM needs K tiles of 64 or 128 (group >= 64); this "
                              f"weight has bk={weight.bk}")
-        if s.warps_n != 1 or s.warps_m % 4 or s.bk != weight.bk or n % s.bn:
-            raise LowvmError(f"wgmma schedule {s} does not fit the weight (bk={weight.bk}, "
-                             f"N = {n}): warps_m = 4 x warpgroups, warps_n = 1, bn dividing N")
-        if (k // s.bk) % (s.split * s.prefetch):
-            raise LowvmError(f"wgmma schedule {s}: K / bk = {k // s.bk} steps must be a "
-                             f"multiple of split x prefetch = {s.split * s.prefetch}")
+        reason = wgmma_refusal(s, n, k, weight.bk, weight.wtype)
+        if reason:
+            raise LowvmError(f"wgmma schedule {s}: {reason}")
         gemm = _compiled(quant_gemm_wgmma_bf16 if bf16 else quant_gemm_wgmma,
                          wtype=weight.wtype, group=weight.group, zero_point=zero_point,
                          bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
                          stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
         plan = _WGMMA_PLANS[key] = (gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0)
     return plan
+
+
+def _tuned_wgmma(m: int, weight: QuantWeight) -> GemmSchedule | None:
+    """The tuning cache's pick where it is a wgmma schedule (else None)."""
+    s = tuned_schedule(m, weight)
+    return s if s is not None and s.wgmma else None
 
 
 def wgmma_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None

@@ -25,15 +25,18 @@ from lowvm.kernels.library import (
     WEIGHT_WARPS_N,
     X_WHOLE_BYTES,
     choose_schedule,
+    choose_wgmma_schedule,
     plan_refusal,
     runs_wgmma,
     weight_bk,
+    wgmma_refusal,
 )
 from lowvm.tune.errors import TuneError
 from lowvm.tune.schedule import Problem
 
 __all__ = ["SPLITS", "PREFETCHES", "STAGES", "K_SLICES", "SHARED_LIMIT", "format_bk",
-           "builtin_schedule", "runnable_reason", "shared_bytes", "library_space"]
+           "builtin_schedule", "runnable_reason", "shared_bytes", "library_space",
+           "wgmma_runs", "WGMMA_BMS"]
 
 #: split-K factors tried (each needs K / bk steps divisible by split x steps per copy)
 SPLITS = (1, 2, 4, 8, 16)
@@ -63,14 +66,14 @@ def _check_problem(problem: Problem) -> None:
 
 def wgmma_runs(problem: Problem, sm90: bool | None = None) -> bool:
     """Whether untuned ``quant_linear`` runs the wgmma kernel for ``problem`` (on sm_90:
-    ``sm90`` None asks torch about the current device), so that no schedule of
-    :func:`library_space` would be used there."""
+    ``sm90`` None asks torch about the current device): then the built-in choice and the
+    space are wgmma schedules."""
     from types import SimpleNamespace
 
     if problem.bits > 8:
         return False
     weight = SimpleNamespace(n=problem.n, k=problem.k, bk=format_bk(problem),
-                             wtype=as_dtype(f"int{problem.bits}"))
+                             wtype=_wtype(problem))
     if not runs_wgmma(problem.m, weight):
         return False
     if sm90 is None:
@@ -80,11 +83,22 @@ def wgmma_runs(problem: Problem, sm90: bool | None = None) -> bool:
     return bool(sm90)
 
 
-def builtin_schedule(problem: Problem) -> GemmSchedule:
-    """What ``quant_linear`` runs for ``problem`` through ``quant_gemm`` without a tuned
-    entry: ``choose_schedule`` with the library's SM count (``_plan`` passes none), so
-    the tuner compares against exactly the schedule it would replace."""
+def _wtype(problem: Problem):
+    """A weight type of the problem's width (the tiling depends on the width alone)."""
+    return as_dtype(f"int{problem.bits}")
+
+
+def builtin_schedule(problem: Problem, sm90: bool | None = None) -> GemmSchedule:
+    """What ``quant_linear`` runs for ``problem`` without a tuned entry: the wgmma kernel's
+    ``choose_wgmma_schedule`` where it runs it (:func:`wgmma_runs`), else ``quant_gemm``'s
+    ``choose_schedule`` with the library's SM count (``_plan`` passes none), so the tuner
+    compares against exactly the schedule it would replace."""
     _check_problem(problem)
+    if wgmma_runs(problem, sm90):
+        s = choose_wgmma_schedule(problem.m, problem.n, problem.k, format_bk(problem),
+                                  _wtype(problem))
+        if s is not None:
+            return s
     return choose_schedule(problem.m, problem.n, problem.k, format_bk(problem),
                            NUM_SMS_DEFAULT)
 
@@ -94,6 +108,8 @@ def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | N
     refuse ``s`` for ``x [m, k]`` and a weight ``[n, k]`` of format K tile ``bk``; None
     when it runs. Checked here so that neither the tuner nor a cached entry ever hands
     the library a schedule it raises on."""
+    if s.wgmma:
+        return wgmma_refusal(s, n, k, bk)
     refusal = plan_refusal(s, k, bk)
     if refusal:
         return refusal
@@ -131,6 +147,27 @@ def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | N
 SHARED_LIMIT = 227 * 1024
 
 
+#: x tile rows the wgmma space tries (wgmma's N)
+WGMMA_BMS = (32, 64, 128, 256)
+
+
+def _wgmma_space(base: GemmSchedule, m: int, n: int, k: int, bk: int) -> list[GemmSchedule]:
+    """The wgmma kernel's variants of ``base``: x tiles of 32..256 rows (none much taller
+    than M), 64- or 128-row weight tiles, split in :data:`SPLITS`, one or two K steps of
+    weights prefetched, 2..4 x stages; each passing :func:`wgmma_refusal`."""
+    out, seen = [base], {base}
+    weight_tiles = ((128, 8), (64, 4)) if n % 128 == 0 else ((64, 4),)
+    for bm, (bn, warps), split, prefetch, stages in itertools.product(
+            WGMMA_BMS, weight_tiles, SPLITS, (1, 2), (2, 3, 4)):
+        if bm > 2 * max(m, 32) or (k // bk) % split or (k // bk) // split < 2:
+            continue
+        s = GemmSchedule(bm, bn, bk, warps, 1, split, stages, prefetch, wgmma=True)
+        if s not in seen and wgmma_refusal(s, n, k, bk) is None:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
 def shared_bytes(s: GemmSchedule) -> int:
     """Shared memory ``quant_gemm`` allocates for ``s`` with 16-bit activations: x held
     whole (``rows x x_whole``), or ``stages`` (at least one) buffers of ``bm x bk x steps
@@ -164,7 +201,9 @@ def library_space(problem: Problem, builtin: GemmSchedule | None = None
       :data:`K_SLICES`; x streamed; split sums finished by a second kernel like the
       built-in choice;
     * M > 64 (``quant_gemm``, which ``quant_linear`` runs when the prefill kernel would
-      have too few blocks): 128- or 64-row tiles, x streamed.
+      have too few blocks): 128- or 64-row tiles, x streamed;
+    * where ``quant_linear`` runs the wgmma kernel (:func:`wgmma_runs`, on sm_90), its
+      variants instead (:func:`_wgmma_space`).
 
     Fields the built-in choice leaves at their defaults and that measured slower where
     tried (``x_steps``, ``l2_ahead``, ``min_blocks``) stay as it has them.
@@ -172,6 +211,8 @@ def library_space(problem: Problem, builtin: GemmSchedule | None = None
     base = builtin if builtin is not None else builtin_schedule(problem)
     _check_problem(problem)
     m, n, k, bk = problem.m, problem.n, problem.k, format_bk(problem)
+    if base.wgmma:
+        return _wgmma_space(base, m, n, k, bk)
     steps = k // bk
     decode = m <= 16
     if decode:
