@@ -224,3 +224,13 @@ def test_wgmma_refusal_names_the_value():
 
         reason = wgmma_refusal(replace(ok, **change), 4096, 4096, 128)
         assert reason is not None and needle in reason, (change, reason)
+
+
+def test_a_wgmma_schedule_is_not_a_quant_gemm_one():
+    """plan_refusal (quant_gemm's planner, the tuner's check of non-wgmma schedules) names
+    a wgmma schedule for what it is instead of running it through quant_gemm."""
+    from lowvm.kernels.gemm_schedule import GemmSchedule
+    from lowvm.kernels.library import plan_refusal
+
+    s = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
+    assert "wgmma schedule" in plan_refusal(s, 4096, 128)

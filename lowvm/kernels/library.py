@@ -365,6 +365,9 @@ def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:
     """Why :func:`quant_linear` refuses ``s`` for K = ``k`` and a weight of format K tile
     ``bk`` (naming the values and what is accepted), or None: the one place both the
     planner and the tuner's space (``lowvm.tune.space.runnable_reason``) ask."""
+    if s.wgmma:
+        return ("is a wgmma schedule (quant_gemm_wgmma): quant_linear runs it on sm_90, "
+                "or wgmma_quant_linear")
     if not _reads_format(s, bk):
         return (f"does not match the weight's format (bk={bk}; bn={WEIGHT_BN} with "
                 f"warps_n={WEIGHT_WARPS_N}, or bn = 16 x warps_n = 16 or 32 without "
@@ -607,10 +610,11 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         s = schedule or choose_prefill_schedule(m, n, k, weight.bk, weight.wtype,
                                                 _device_arch(weight.packed.device))
         extra = {f: getattr(s, f) for f in ("x_steps", "l2_ahead", "k_slice", "x_whole",
-                                            "x_rows") if getattr(s, f)}
+                                            "x_rows", "wgmma") if getattr(s, f)}
         if extra:
             raise LowvmError(f"prefill schedule {s}: {extra} are options of quant_gemm's "
-                             "decode body; quant_gemm_prefill takes none of them")
+                             "decode body or the wgmma kernel; quant_gemm_prefill takes none "
+                             "of them")
         if s.bk != weight.bk or s.bn % WEIGHT_BN or n % s.bn:
             raise LowvmError(f"prefill schedule {s} does not fit the weight (bk={weight.bk}, "
                              f"N = {n}; bn must be a multiple of {WEIGHT_BN} dividing N)")
