@@ -8,24 +8,33 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def test_tuned_decode_pick_is_no_slower_than_the_builtin_choice(tmp_path, monkeypatch):
+def _tuning_set_up(tmp_path, monkeypatch, m: int, seed: int):
+    """(weight, problem, built-in schedule, measure, cache) for an int4 g128 4096 x 4096
+    weight at batch ``m``; quant_linear without a schedule (the reference) reads the
+    test's own cache, not a stale user one."""
     import numpy as np
 
     from lowvm.kernels import library
-    from lowvm.tune import Autotuner, Problem, TuneCache, builtin_schedule
-    from lowvm.tune.gpu import current_gpu
+    from lowvm.tune import Problem, TuneCache, builtin_schedule
     from lowvm.tune.measure import cuda_measure, quant_linear_build
 
-    # quant_linear without a schedule (the reference) must not read a stale user cache
     monkeypatch.setenv("LOWVM_TUNE_CACHE", str(tmp_path / "tune.json"))
-    m, n, k, group = 1, 4096, 4096, 128
+    n, k, group = 4096, 4096, 128
     codes, scales = library.quantize_to_codes(
-        np.random.default_rng(5).standard_normal((n, k)).astype(np.float32), "int4", group)
+        np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32), "int4", group)
     weight = library.prepare_weight(codes, scales, "int4", group, device="cuda")
     problem = Problem(m, n, k, 4, group)
-    builtin = builtin_schedule(problem)
     measure = cuda_measure(quant_linear_build(weight, m))   # checks each output first
-    cache = TuneCache(tmp_path / "tune.json")
+    return weight, problem, builtin_schedule(problem), measure, TuneCache(tmp_path / "tune.json")
+
+
+def test_tuned_decode_pick_is_no_slower_than_the_builtin_choice(tmp_path, monkeypatch):
+    from lowvm.kernels import library
+    from lowvm.tune import Autotuner
+    from lowvm.tune.gpu import current_gpu
+
+    m = 1
+    weight, problem, builtin, measure, cache = _tuning_set_up(tmp_path, monkeypatch, m, 5)
     tuner = Autotuner(measure, current_gpu(), cache=cache, top_k=6, progress=False)
 
     result = tuner.tune(problem, "int4")
@@ -52,26 +61,17 @@ def test_tuned_decode_pick_is_no_slower_than_the_builtin_choice(tmp_path, monkey
 def test_tuned_wgmma_pick_is_used_by_quant_linear(tmp_path, monkeypatch):
     """On sm_90 at M = 256 the tuner measures wgmma schedules against the built-in
     wgmma choice, and quant_linear then runs the cached pick (results still correct)."""
-    import numpy as np
     import torch
 
     from lowvm.kernels import library
-    from lowvm.tune import Autotuner, Problem, TuneCache, builtin_schedule
+    from lowvm.tune import Autotuner
     from lowvm.tune.gpu import current_gpu
-    from lowvm.tune.measure import cuda_measure, quant_linear_build
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma kernel needs sm_90a (H100/H200)")
-    monkeypatch.setenv("LOWVM_TUNE_CACHE", str(tmp_path / "tune.json"))
-    m, n, k, group = 256, 4096, 4096, 128
-    codes, scales = library.quantize_to_codes(
-        np.random.default_rng(6).standard_normal((n, k)).astype(np.float32), "int4", group)
-    weight = library.prepare_weight(codes, scales, "int4", group, device="cuda")
-    problem = Problem(m, n, k, 4, group)
-    builtin = builtin_schedule(problem)
+    m, k = 256, 4096
+    weight, problem, builtin, measure, cache = _tuning_set_up(tmp_path, monkeypatch, m, 6)
     assert builtin.wgmma
-    measure = cuda_measure(quant_linear_build(weight, m))
-    cache = TuneCache(tmp_path / "tune.json")
     result = Autotuner(measure, current_gpu(), cache=cache, top_k=3,
                        progress=False).tune(problem, "int4")
     print(result.summary())
