@@ -134,24 +134,26 @@ def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
 def test_library_schedule_rule():
     """choose_wgmma_schedule: x tiles of 32 / 64 / 128 / 256 rows by M, 128 rows where 256
     would leave under 80 blocks; K split up to two blocks per SM (>= 16 steps each) for
-    tiles of <= 64 rows, to 80 blocks for larger ones; None for K tiles under 64."""
+    tiles of <= 64 rows, to 80 blocks for larger ones; narrow tiles (64 x 64 on one
+    warpgroup, unsplit) where 128-row weight tiles leave under one wave at M > 32 and
+    K <= 16384; None for K tiles under 64."""
     from lowvm.kernels.library import choose_wgmma_schedule
 
     def pick(m, n, k):
         s = choose_wgmma_schedule(m, n, k, 128, lowvm.int4)
-        return s.bm, s.split, s.prefetch
+        return s.bm, s.bn, s.split, s.prefetch
 
-    assert pick(64, 28672, 4096) == (64, 1, 2)      # 224 blocks
-    assert pick(32, 28672, 4096) == (32, 1, 2)
-    assert pick(64, 6144, 4096) == (64, 2, 2)       # 48 -> 96
-    assert pick(64, 4096, 14336) == (64, 4, 2)      # 32 -> 128
-    assert pick(64, 10240, 8192) == (64, 2, 2)      # 80 -> 160
-    assert pick(64, 8192, 28672) == (64, 4, 2)      # 64 -> 256
-    assert pick(128, 10240, 8192) == (128, 1, 2)    # 80 blocks: no split at 128 rows
-    assert pick(256, 6144, 4096) == (128, 1, 2)     # 24 blocks of 256 rows -> 96 of 128
-    assert pick(256, 4096, 14336) == (128, 2, 2)
-    assert pick(256, 10240, 8192) == (256, 1, 1)    # 80 blocks
-    assert pick(4096, 28672, 4096) == (256, 1, 1)
+    assert pick(64, 28672, 4096) == (64, 128, 1, 2)      # 224 blocks
+    assert pick(32, 28672, 4096) == (32, 128, 1, 2)
+    assert pick(32, 6144, 4096) == (32, 128, 2, 2)       # 48 -> 96 (no narrow tiles <= 32)
+    assert pick(64, 6144, 4096) == (64, 64, 1, 2)        # narrow: 96 blocks of 64 rows
+    assert pick(64, 8192, 28672) == (64, 128, 4, 2)      # K > 16384: 64 -> 256 by split
+    assert pick(256, 6144, 4096) == (64, 64, 1, 2)       # narrow: 4 x 96 blocks
+    assert pick(256, 4096, 14336) == (64, 64, 1, 2)
+    assert pick(256, 8192, 28672) == (128, 128, 1, 2)    # 32 blocks of 256 rows -> 128
+    assert pick(256, 28672, 4096) == (256, 128, 1, 1)
+    assert pick(4096, 28672, 4096) == (256, 128, 1, 1)
+    assert pick(4096, 4096, 4096) == (256, 128, 1, 1)    # 512 blocks: no narrow tiles
     s = choose_wgmma_schedule(300, 6144 + 64, 4096, 128, lowvm.int4)  # N not a multiple of 128
     assert (s.bn, s.warps_m) == (64, 4)
     assert choose_wgmma_schedule(64, 4096, 4096, 32, lowvm.int4) is None
@@ -160,19 +162,21 @@ def test_library_schedule_rule():
 
 def test_library_dispatch_rule():
     """quant_linear's kernel by M (on sm_90): quant_gemm up to M = 16, wgmma from 17 to 32,
-    at 33..64 only on weights of >= 1e8 elements, wgmma above 64."""
+    at 33..64 on weights of >= 1e8 elements or where narrow tiles apply with K <= 8192,
+    wgmma above 64."""
     from types import SimpleNamespace
 
     from lowvm.kernels.library import runs_wgmma
 
-    def weight(k, n):
-        return SimpleNamespace(n=n, k=k, bk=128, wtype=lowvm.int4)
+    def weight(k, n, bk=128):
+        return SimpleNamespace(n=n, k=k, bk=bk, wtype=lowvm.int4)
 
     big, small = weight(4096, 28672), weight(4096, 6144)
     assert [runs_wgmma(m, big) for m in (16, 17, 32, 64, 65, 4096)] == [False] + [True] * 5
-    assert [runs_wgmma(m, small) for m in (16, 17, 32, 33, 64, 65)] == [
-        False, True, True, False, False, True]
-    assert not runs_wgmma(256, SimpleNamespace(n=4096, k=4096, bk=32, wtype=lowvm.int4))
+    assert [runs_wgmma(m, small) for m in (16, 17, 32, 33, 64, 65)] == [False] + [True] * 5
+    deep = weight(14336, 4096)  # 5.9e7 elements, K over 8192: quant_gemm at 33..64
+    assert [runs_wgmma(m, deep) for m in (32, 33, 64, 65)] == [True, False, False, True]
+    assert not runs_wgmma(256, weight(4096, 4096, bk=32))
 
 
 @pytest.mark.gpu

@@ -182,7 +182,7 @@ def test_wgmma_runs_where_quant_linear_runs_the_wgmma_kernel():
     big = dict(n=28672, k=4096, bits=4, group=128)
     assert [wgmma_runs(Problem(m=m, **big), sm90=True) for m in (16, 17, 64, 4096)] == [
         False, True, True, True]
-    assert not wgmma_runs(Problem(m=64, n=6144, k=4096, bits=4, group=128), sm90=True)
+    assert not wgmma_runs(Problem(m=64, n=4096, k=14336, bits=4, group=128), sm90=True)
     assert not wgmma_runs(Problem(m=4096, **big), sm90=False)
     assert not wgmma_runs(Problem(m=256, n=4096, k=4096, bits=4, group=32), sm90=True)
 

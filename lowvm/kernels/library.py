@@ -64,6 +64,14 @@ WGMMA_MIN_M = 17
 #: 38.4 vs 45.1, 8192 x 10240 51.3 vs 55.5; wgmma won on 4096 x 28672, 49.1 vs 61.1, and
 #: 28672 x 8192, 91.9 vs 108.9; at M = 32 it won on all five; NOTES.md, eighth session)
 WGMMA_MID_M_MIN_WEIGHTS = 100_000_000
+#: ... but narrow wgmma tiles (see WGMMA_NARROW_MAX_K) won there up to this K (M = 64:
+#: 4096 x 6144 22.2 vs 24.9 us, 8192 x 10240 47.6 vs 52.4, 4096 x 4096 20.5 vs 27.0; at
+#: K = 14336, 60.4 vs 39.0)
+WGMMA_MID_M_NARROW_MAX_K = 8192
+#: where 128-row weight tiles leave the H100 under one wave at M > 32, 64-row ones (one
+#: warpgroup) by 64 rows of x, unsplit, measured faster up to this K: M = 256 14336 x 4096
+#: 75.7 vs 82.3 us, 8192 x 10240 107.1 vs 118.1; at K = 28672 (28672 x 8192) 296 vs 225
+WGMMA_NARROW_MAX_K = 16384
 #: the wgmma kernel's grid should have at least this many blocks: smaller x tiles first
 #: (256 -> 128 rows), then K split 2, 4 or 8 ways
 WGMMA_MIN_BLOCKS = 80
@@ -645,9 +653,17 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     tiles of 128 or 256 rows while the grid is under ``WGMMA_MIN_BLOCKS`` blocks, tiles of
     32 or 64 rows (whose split-K sums are cheap) as far as two blocks per SM, each block
     keeping >= 16 K steps. Tiles of 256 rows prefetch one K step of weights (x: 3 stages
-    of 64 KB), smaller ones two. Fitted to the eighth session's H100 sweeps (NOTES.md):
-    e.g. M = 256 on 4096 x 6144 (24 blocks of 256 rows) 36.5 us with 128 rows against
-    63.6; M = 64 on 28672 x 8192 90.9 us at split 4 against 117.0 at split 2.
+    of 64 KB), smaller ones two.
+
+    Narrow tiles (:func:`_narrow_wgmma`) instead where 128-row weight tiles would leave
+    the GPU under one wave at M > 32 and K <= ``WGMMA_NARROW_MAX_K``: 64 weight rows on one
+    warpgroup by 64 rows of x, 2 x stages, no split (twice the blocks with half the
+    weights each, and no split-K sums).
+
+    Fitted to the eighth session's H100 sweeps (NOTES.md): e.g. M = 256 on 4096 x 6144
+    (24 blocks of 256 rows) 36.5 us with 128 rows against 63.6, 34.1 with narrow tiles;
+    4096 x 4096 44.7 -> 25.2 narrow (the tuner's find); M = 64 on 28672 x 8192 90.9 us at
+    split 4 against 117.0 at split 2.
     """
     from lowvm.kernels.quant_gemm_prefill import threads_fit
     from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE
@@ -655,11 +671,16 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     if bk not in (64, 128):
         return None
     base = WGMMA_SCHEDULE
+    steps = k // bk
+    if _narrow_wgmma(m, n, k):
+        s = GemmSchedule(64, WEIGHT_BN, bk, 4, 1, 1, 2, 2 if steps % 2 == 0 else 1,
+                         wgmma=True)
+        return s if threads_fit(as_dtype(wtype), s) else None
     bn, warps = (base.bn, base.warps_m) if n % base.bn == 0 else (WEIGHT_BN, 4)
     bm = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 128 else 256
     if bm == 256 and math.ceil(m / 256) * (n // bn) < WGMMA_MIN_BLOCKS:
         bm = 128
-    blocks, steps = math.ceil(m / bm) * (n // bn), k // bk
+    blocks = math.ceil(m / bm) * (n // bn)
     if bm <= 64:
         def more(split: int) -> bool:
             return blocks * 2 * split <= 2 * NUM_SMS_DEFAULT and steps // (2 * split) >= 16
@@ -676,10 +697,25 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     return s if threads_fit(as_dtype(wtype), s) else None
 
 
+def _narrow_wgmma(m: int, n: int, k: int) -> bool:
+    """Whether :func:`choose_wgmma_schedule` takes narrow tiles (see there): 128-row
+    weight tiles by x tiles of 64, 128 or 256 rows (by M) would give under one wave of
+    blocks."""
+    if m <= 32 or k > WGMMA_NARROW_MAX_K or n % WEIGHT_BN:
+        return False
+    bm = 64 if m <= 64 else 128 if m <= 128 else 256
+    return math.ceil(m / bm) * (n // 128) < NUM_SMS_DEFAULT
+
+
 def runs_wgmma(m: int, weight: QuantWeight) -> bool:
     """Whether ``quant_linear`` runs :func:`quant_gemm_wgmma` at batch ``m`` on an sm_90
-    GPU (``WGMMA_MIN_M``, ``WGMMA_MID_M_MIN_WEIGHTS``, a schedule that fits the weight)."""
-    if m < WGMMA_MIN_M or (32 < m <= 64 and weight.n * weight.k < WGMMA_MID_M_MIN_WEIGHTS):
+    GPU (``WGMMA_MIN_M``, ``WGMMA_MID_M_MIN_WEIGHTS`` unless narrow tiles apply with K <=
+    ``WGMMA_MID_M_NARROW_MAX_K``, a schedule that fits the weight)."""
+    if m < WGMMA_MIN_M:
+        return False
+    if (32 < m <= 64 and weight.n * weight.k < WGMMA_MID_M_MIN_WEIGHTS
+            and not (weight.k <= WGMMA_MID_M_NARROW_MAX_K
+                     and _narrow_wgmma(m, weight.n, weight.k))):
         return False
     return choose_wgmma_schedule(m, weight.n, weight.k, weight.bk, weight.wtype) is not None
 
