@@ -32,7 +32,7 @@ __all__ = ["interpret", "run_program"]
 def _execute(stmt: Stmt, st: BlockState) -> None:
     if isinstance(stmt, InstStmt):
         try:
-            if st.pending_tiles:
+            if st.pending_operands or st.pending_results:
                 st.check_not_pending(stmt.inst)
             stmt.inst.interpret(st)
         except LowvmError as exc:
