@@ -1,10 +1,12 @@
 """Host entry points of the quantized GEMM library: prepare weights once, multiply often.
 
 ``prepare_weight`` quantises (or takes codes), repacks for :func:`quant_gemm` and moves
-everything to the GPU; ``quant_linear`` picks a schedule for the batch size, compiles it
-once per specialisation (memory and disk cached), and launches on torch's current
-stream. The repacked format depends only on ``(wtype, bk)``, so decode (M <= 16) and
-prefill schedules share one copy of the weights.
+everything to the GPU; ``quant_linear`` picks a kernel and a schedule for the batch size
+(the decode program up to M = 16; on sm_90 the wgmma kernel above, where
+:func:`runs_wgmma` says so; elsewhere the prefill kernel or quant_gemm), compiles it once
+per specialisation (memory and disk cached), and launches on torch's current stream. The
+repacked format depends only on ``(wtype, bk)``, so every kernel and schedule shares one
+copy of the weights.
 """
 
 from __future__ import annotations
@@ -542,7 +544,9 @@ def overlapped_launches(enabled: bool = True) -> Iterator[None]:
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
-    """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16."""
+    """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16
+    (``schedule``: that one, a wgmma one when ``schedule.wgmma``; see the module
+    docstring for the kernel chosen without one)."""
     x = _checked(x, weight)
     m, n = x.shape[0], weight.n
     if schedule is not None and schedule.wgmma:
