@@ -111,6 +111,24 @@ def test_ptxas_sm90a_without_spills(wtype, sched):
     assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
 
 
+#: the library's three kinds of wgmma schedule (choose_wgmma_schedule)
+LIBRARY_KINDS = {"256-row x tiles": dict(),
+                 "narrow": dict(bm=64, bn=64, warpgroups=1, stages=2, prefetch=2),
+                 "32-row x tiles, split": dict(bm=32, split=2, prefetch=2)}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kind", sorted(LIBRARY_KINDS))
+@pytest.mark.parametrize("wtype", ["int2", "int3", "uint4", "float6_e3m2", "float8_e4m3"])
+def test_library_kinds_compile_without_spills_for_every_width(kind, wtype):
+    from lowvm.runtime import resource_usage
+
+    cuda = generate_cuda(quant_gemm_wgmma.build(wtype=lowvm.dtype(wtype), group=128,
+                                                **LIBRARY_KINDS[kind]))
+    usage = resource_usage(cuda.source, "sm_90a")[cuda.kernel_name]
+    assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("wtype,sched,m,zp,bf16", [
     ("int4", "default", 300, False, False), ("int4", "bn256_bm128", 129, False, False),
