@@ -389,7 +389,6 @@ def _emit_wgmma(inst: DotShared, plan: WgmmaPlan, cg: CudaContext) -> None:
     too, see below), so the registers and the shared tile are free again when the
     instruction ends."""
     cg.line(f"// {inst}")
-    cg.uses_async_proxy = True
     lead = inst.b.rank - 2
     index = [cg.expr(o) for o in inst.offsets[:lead]] + [cg.expr(inst.offsets[lead]), "0"]
     linear = " + ".join(f"({i}) * {st}" for i, st in zip(index, inst.b.layout.strides)

@@ -133,9 +133,9 @@ class DotShared(Instruction):
     offsets: tuple[Expr, ...]
     shape: tuple[int, int]  # the tile [N, K] of b
     c: RegisterTensor
-    #: False: return without waiting for the tensor cores; ``a``, the result and the tile
-    #: stay busy until ``dot_wait`` (the interpreter rejects any use before it), so work
-    #: placed between them (the next step's dequantisation) overlaps the multiply
+    #: False: the call may return before the multiply completes; ``a``, the result and the
+    #: tile stay busy until ``dot_wait`` (the interpreter rejects any use before it). The
+    #: wgmma lowering still waits at the call (see ``codegen/selected.py``)
     wait: bool = True
 
     def check(self) -> None:

@@ -34,7 +34,8 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule", "prefill_split", "plan_refusal",
-           "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma", "wgmma_refusal"]
+           "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma", "wgmma_refusal",
+           "is_sm90"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
@@ -551,7 +552,7 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     m, n = x.shape[0], weight.n
     if schedule is not None and schedule.wgmma:
         return _run(x, weight, schedule, _wgmma_plan)
-    if schedule is None and runs_wgmma(m, weight) and _is_sm90(x.device):
+    if schedule is None and is_sm90(x.device) and runs_wgmma(m, weight):
         return _run(x, weight, None, _wgmma_plan)
     if (schedule is None and PREFILL_KERNEL == "quant_gemm_prefill"
             and prefill_split(m, n, weight.k, weight.bk)):
@@ -681,7 +682,7 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
                          wgmma=True)
         return s if threads_fit(as_dtype(wtype), s) else None
     bn, warps = (base.bn, base.warps_m) if n % base.bn == 0 else (WEIGHT_BN, 4)
-    bm = 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 128 else 256
+    bm = _wgmma_rows(m)
     if bm == 256 and math.ceil(m / 256) * (n // bn) < WGMMA_MIN_BLOCKS:
         bm = 128
     blocks = math.ceil(m / bm) * (n // bn)
@@ -707,8 +708,12 @@ def _narrow_wgmma(m: int, n: int, k: int) -> bool:
     blocks."""
     if m <= 32 or k > WGMMA_NARROW_MAX_K or n % WEIGHT_BN:
         return False
-    bm = 64 if m <= 64 else 128 if m <= 128 else 256
-    return math.ceil(m / bm) * (n // 128) < NUM_SMS_DEFAULT
+    return math.ceil(m / _wgmma_rows(m)) * (n // 128) < NUM_SMS_DEFAULT
+
+
+def _wgmma_rows(m: int) -> int:
+    """Rows of x per wgmma block tile at batch ``m``: 32, 64, 128, else 256."""
+    return 32 if m <= 32 else 64 if m <= 64 else 128 if m <= 128 else 256
 
 
 def runs_wgmma(m: int, weight: QuantWeight) -> bool:
@@ -724,7 +729,7 @@ def runs_wgmma(m: int, weight: QuantWeight) -> bool:
     return choose_wgmma_schedule(m, weight.n, weight.k, weight.bk, weight.wtype) is not None
 
 
-def _is_sm90(device: Any) -> bool:
+def is_sm90(device: Any) -> bool:
     """Whether ``device`` runs sm_90a code (H100/H200), asked of torch once per device."""
     if device not in _SM90:
         _SM90[device] = _device_arch(device) == "sm_90"
@@ -742,8 +747,6 @@ def wgmma_refusal(s: GemmSchedule, n: int, k: int, bk: int, wtype: DType | None 
     """Why :func:`quant_gemm_wgmma` cannot run ``s`` on a weight ``[n, k]`` of format K
     tile ``bk`` (and type ``wtype``, when given), naming the values; None when it can: the
     one place the planner and the tuner's space ask."""
-    from lowvm.codegen.shared_alloc import _align
-
     if bk not in (64, 128) or s.bk != bk:
         return (f"bk={s.bk}: the wgmma GEMM takes the weight's K tile, 64 or 128 (group "
                 f">= 64); this weight has {bk}")
@@ -763,7 +766,7 @@ def wgmma_refusal(s: GemmSchedule, n: int, k: int, bk: int, wtype: DType | None 
                 "k_slice, x_whole or x_rows")
     if s.stages is not None and s.stages < 1:
         return f"stages={s.stages} must be None or >= 1"
-    x_bytes = max(1, s.stages or 1) * (bk // 64) * s.prefetch * _align(s.bm * 128, 1024)
+    x_bytes = max(1, s.stages or 1) * (bk // 64) * s.prefetch * s.bm * 128  # 1 KB panels
     y_bytes = s.bm * (s.bn + 4) * 4
     if max(x_bytes, y_bytes) > 227 * 1024:
         return (f"needs {max(x_bytes, y_bytes)} bytes of shared memory per block, over "

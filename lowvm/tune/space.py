@@ -26,6 +26,7 @@ from lowvm.kernels.library import (
     X_WHOLE_BYTES,
     choose_schedule,
     choose_wgmma_schedule,
+    is_sm90,
     plan_refusal,
     runs_wgmma,
     weight_bk,
@@ -79,7 +80,7 @@ def wgmma_runs(problem: Problem, sm90: bool | None = None) -> bool:
     if sm90 is None:
         import torch
 
-        sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+        sm90 = torch.cuda.is_available() and is_sm90(torch.cuda.current_device())
     return bool(sm90)
 
 
