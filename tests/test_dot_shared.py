@@ -146,19 +146,43 @@ def test_descriptor_rows_follow_the_interpreters_swizzle():
             assert hw == 2 * int(lay.swizzle(np.array(linear))), (row, col, byte)
 
 
-def test_errors_name_the_operands():
+@pytest.mark.parametrize("mistake,match", [
+    ("short k", r"shape mismatch: a \[64, 32\] @ tile\^T \(tile \[64, 16\]\)"),
+    ("float32 x", "operand types float16 and float32 are not supported; accepted: both "
+                  "float16, bfloat16"),
+    ("no layout", "a and c need layouts"),
+    ("register b", "b must be a shared tile, got RegisterTensor"),
+])
+def test_errors_name_the_operands(mistake, match):
     @vm.program
     def bad(a: vm.ptr[vm.float16], x: vm.ptr[vm.float16]):
         vm.set_warps(4)
         vm.set_grid(1)
         lay = wgmma_layouts(64, 64, 32, 1)
         av = vm.load_global(vm.global_view(a, [64, 32]), [0, 0], [64, 32], lay.a)
-        acc = vm.register_tensor(vm.float32, [64, 64], lay.c, init=0.0)
-        sx = vm.shared_tensor(vm.float16, [64, 64], swizzle_128b(64, 64, vm.float16))
-        vm.dot_shared(av, sx, acc, shape=[64, 16])  # K 32 against 16
+        acc = vm.register_tensor(vm.float32, [64, 64], None if mistake == "no layout"
+                                 else lay.c, init=0.0)
+        dt = vm.float32 if mistake == "float32 x" else vm.float16
+        sx = vm.shared_tensor(dt, [64, 64], swizzle_128b(64, 64, dt))
+        if mistake == "register b":
+            sx = acc
+        vm.dot_shared(av, sx, acc, shape=[64, 16 if mistake == "short k" else 32])
 
-    with pytest.raises(ProgramError, match="shape mismatch"):
+    with pytest.raises(lowvm.LowvmError, match=match):
         bad.build()
+
+
+def test_the_planner_names_a_wgmma_schedule_it_refuses():
+    """wgmma_quant_linear's planner raises before any GPU work, naming the value."""
+    from types import SimpleNamespace
+
+    from lowvm.kernels.gemm_schedule import GemmSchedule
+    from lowvm.kernels.library import _wgmma_plan
+
+    weight = SimpleNamespace(n=4096, k=4096, bk=128, wtype=lowvm.int4, group=128)
+    s = GemmSchedule(bm=100, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
+    with pytest.raises(lowvm.LowvmError, match="bm=100 rows of x: accepted a multiple of 8"):
+        _wgmma_plan(64, weight, False, False, s)
 
 
 @needs_nvcc
