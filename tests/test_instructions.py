@@ -1089,8 +1089,25 @@ def test_arrive_generated_code_fences_and_reads_through_l2():
     from lowvm.codegen import generate_cuda
 
     src = generate_cuda(last_block_sums.build()).source
-    assert src.count("__threadfence()") == 2 and "atomicInc(" in src
+    # a barrier, thread 0's release fence, the ticket, its acquire fence, a barrier: in
+    # that order, and no fence outside thread 0
+    start = src.index("__shared__ unsigned lowvm_ticket")
+    tail = src[start:src.index("= (int)lowvm_ticket", start)]
+    steps = ["__syncthreads()", "if (tid == 0)", "fence.acq_rel.gpu", "atomicInc(",
+             "fence.acq_rel.gpu", "}", "__syncthreads()"]
+    at = 0
+    for step in steps:
+        at = tail.index(step, at) + len(step)
+    assert src.count("fence.acq_rel.gpu") == 2 and "__threadfence()" not in src
     assert "__ldcg(" in src  # the coherent load bypasses the read-only and L1 caches
+
+
+def test_arrive_fences_in_every_thread_when_asked(monkeypatch):
+    from lowvm.codegen import generate_cuda
+
+    monkeypatch.setenv("LOWVM_ARRIVE_FENCE", "all")  # the first lowering, kept to measure
+    src = generate_cuda(last_block_sums.build()).source
+    assert src.count("__threadfence()") == 2 and "fence.acq_rel" not in src
 
 
 def test_arrive_refuses_a_non_int32_counter():
