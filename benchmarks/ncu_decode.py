@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.kernels.gemm_schedule import with_fields
 from lowvm.kernels.library import choose_schedule, prepare_weight, quant_linear
 
 
@@ -36,15 +37,19 @@ def main() -> None:
     ap.add_argument("--shapes", default="4096x6144,4096x4096,4096x28672,14336x4096,"
                     "8192x10240,28672x8192")
     ap.add_argument("--no-cublas", action="store_true")
+    ap.add_argument("--variants", default="base", help="comma list of schedules: base (the "
+                    "library's choice) or field=value/... changes to it (gemm_schedule.with_fields)")
     args = ap.parse_args()
     calls = []
     for spec in args.shapes.split(","):
         k, n = (int(v) for v in spec.split("x"))
         qw = prepared(k, n, args.type)
         x = torch.randn(args.m, k, device="cuda", dtype=torch.float16)
-        s = choose_schedule(args.m, n, k, qw.bk)
-        print(f"{k}x{n} M={args.m}: {s}", flush=True)
-        calls.append(lambda x=x, qw=qw, s=s: quant_linear(x, qw, s))
+        base = choose_schedule(args.m, n, k, qw.bk)
+        for spec in args.variants.split(","):
+            s = with_fields(base, "" if spec == "base" else spec)
+            print(f"{k}x{n} M={args.m} {spec}: {s}", flush=True)
+            calls.append(lambda x=x, qw=qw, s=s: quant_linear(x, qw, s))
         if not args.no_cublas:
             wd = torch.randn(n, k, device="cuda", dtype=torch.float16)
             calls.append(lambda x=x, wd=wd: x @ wd.T)
