@@ -57,6 +57,10 @@ EXAMPLES = {
                                                                    x_whole=512).constants()}),
     "quant_gemm_int8_x_whole_one_row": (quant_gemm, {"wtype": lowvm.int8, **GemmSchedule(
         split=8, prefetch=2, x_whole=1792, x_rows=1).constants()}),
+    # x held whole, weights asked into the L2 four steps beyond the registers (one bulk
+    # prefetch per tile on sm_90)
+    "quant_gemm_int4_x_whole_l2_ahead": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        prefetch=2, x_whole=4096, x_rows=1, l2_ahead=4).constants()}),
     "finish_split": (finish_split, {}),
     "repack_int4": (repack_program, {"wtype": lowvm.int4}),
     "repack_e3m2_bk32": (repack_program, {"wtype": lowvm.float6_e3m2, "bk": 32}),

@@ -110,6 +110,30 @@ def test_l2_ahead_in_the_interpreter(wtype, split, m, prefetch, l2_ahead, bn, ze
     assert _interpret_gemm(wtype, sched, m, 17, k=1024, zero_point=zero_point) < 2e-3
 
 
+@pytest.mark.parametrize("wtype,split,rows,prefetch,l2_ahead,zero_point", [
+    ("int4", 1, 1, 2, 4, False), ("uint4", 2, 16, 1, 2, True), ("int3", 2, 1, 4, 1, False)])
+def test_l2_ahead_with_x_whole_in_the_interpreter(wtype, split, rows, prefetch, l2_ahead,
+                                                   zero_point):
+    """x held whole and the weights asked into the L2 ahead: the same sums."""
+    sched = GemmSchedule(x_whole=1024 // split, x_rows=rows, split=split, prefetch=prefetch,
+                         l2_ahead=l2_ahead)
+    m = 1 if rows == 1 else 13
+    assert _interpret_gemm(wtype, sched, m, 17, k=1024, zero_point=zero_point) < 2e-3
+
+
+def test_l2_prefetch_of_a_weight_tile_is_one_bulk_prefetch_on_sm90():
+    """The 4 KB tile of a K step is one contiguous run: on sm_90 thread 0 asks for it with
+    one cp.async.bulk.prefetch.L2 (the per-sector loop stays for older GPUs)."""
+    from lowvm.codegen import generate_cuda
+
+    src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
+        prefetch=2, x_whole=4096, x_rows=1, l2_ahead=4).constants())).source
+    assert src.count("#if __CUDA_ARCH__ >= 900") >= 2
+    assert 'cp.async.bulk.prefetch.L2.global [%0], 4096;' in src  # the weight tile
+    assert 'cp.async.bulk.prefetch.L2.global [%0], 128;' in src  # its 64 scales
+    assert 'prefetch.global.L2 [%0];' in src
+
+
 @pytest.mark.parametrize("wtype,bm,warps_m,k_slice,split,m,zero_point,shared", [
     ("int4", 64, 1, 16, 1, 37, False, False), ("uint4", 64, 1, 32, 2, 64, True, False),
     ("int3", 64, 1, 16, 1, 5, False, True), ("float6_e3m2", 16, 1, 64, 2, 3, False, False),
@@ -459,6 +483,10 @@ def test_gpu_x_steps_match_float64(wtype, m):
         for split, prefetch, xs, stages, ahead, bn in (
             (1, 1, 4, 2, 0, 64), (2, 2, 4, None, 0, 64), (2, 1, 2, 3, 0, 64),
             (1, 2, 0, None, 2, 64), (2, 1, 0, 4, 4, 64), (1, 1, 0, None, 3, 32))] + [
+        # x held whole (one row at m = 1, else 16-row slabs) with the L2 asked ahead
+        GemmSchedule(bk=qw.bk, x_whole=qw.k, x_rows=1 if m == 1 else 0).resplit(
+            qw.k, split=split, prefetch=prefetch, l2_ahead=ahead)
+        for split, prefetch, ahead in ((1, 2, 4), (2, 1, 2))] + [
         dataclasses.replace(choose_schedule(m, qw.n, qw.k, qw.bk, x_whole=False), bm=bm,
                             warps_m=1,
                             split=split, k_slice=ks, stages=stages, prefetch=1,

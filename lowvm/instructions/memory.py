@@ -334,7 +334,9 @@ class PrefetchL2(Instruction):
     registers or shared memory hold. Parts outside the tensor are skipped. The block's
     threads share the work, one ``prefetch.global.L2`` every 32 bytes of each row (whole
     rows of a dense tensor merged into one run): each sector once when runs start on a
-    32-byte boundary, as quant_gemm's do.
+    32-byte boundary, as quant_gemm's do. On sm_90 a run of whole 16-byte chunks is one
+    ``cp.async.bulk.prefetch.L2`` instead (one instruction, not one per sector); such a
+    run is skipped unless it is 16-byte aligned and wholly inside the tensor.
     """
 
     mnemonic = "prefetch_l2"
@@ -367,6 +369,11 @@ class PrefetchL2(Instruction):
         sectors = -(-run // per)
         total = int(np.prod(outer)) * sectors
         threads = cg.program.num_threads
+        bulk = run * self.src.dtype.nbits % 128 == 0  # whole 16-byte chunks
+        if bulk:  # sm_90: one bulk prefetch per run, where it is aligned and inside
+            cg.line("#if __CUDA_ARCH__ >= 900")
+            self._emit_bulk(cg, outer, merged, run * self.src.dtype.nbits // 8)
+            cg.line("#else")
         with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
             cg.line(f"const int f = (e % {sectors}) * {per};")
             index = _unravel(cg, f"e / {sectors}", outer) + (
@@ -374,6 +381,27 @@ class PrefetchL2(Instruction):
             ref, inside = global_ref(cg, self.src, self.offsets, index)
             cg.line(f'if ({inside}) asm volatile("prefetch.global.L2 [%0];" :: '
                     f'"l"(&{ref}));')
+        if bulk:
+            cg.line("#endif")
+
+    def _emit_bulk(self, cg: CudaContext, outer, merged: bool, nbytes: int) -> None:
+        """Each run (a row, or whole rows merged) as one ``cp.async.bulk.prefetch.L2``:
+        one instruction per run instead of one per sector. A run not wholly inside the
+        tensor, or not 16-byte aligned, is skipped (a hint may be dropped)."""
+        count = int(np.prod(outer))
+        with cg.block(f"for (int e = tid; e < {count}; e += {cg.program.num_threads})"):
+            index = _unravel(cg, "e", outer) + ["0"] * (2 if merged else 1)
+            ref, inside = global_ref(cg, self.src, self.offsets, index)
+            rank = self.src.rank
+            last = list(self.shape[-2:]) if merged else [self.shape[-1]]
+            ends = [f"i{rank - len(last) + j} + {size - 1} < "
+                    f"{cg.expr(self.src.layout.shape[rank - len(last) + j])}"
+                    for j, size in enumerate(last)]
+            cg.line(f"const unsigned long long lowvm_at = "
+                    f"reinterpret_cast<unsigned long long>(&{ref});")
+            cond = " && ".join([inside] + ends + ["(lowvm_at & 15) == 0"])
+            cg.line(f'if ({cond}) asm volatile("cp.async.bulk.prefetch.L2.global [%0], '
+                    f'{nbytes};" :: "l"(lowvm_at) : "memory");')
 
 
 @register_instruction

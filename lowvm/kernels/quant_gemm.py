@@ -170,10 +170,10 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     vm.static_assert(x_whole >= 0 and x_whole % bk == 0, f"x_whole={x_whole} must be 0 "
                      f"(x copied per step) or a positive multiple of bk={bk}")
     if x_whole:
-        vm.static_assert(not (weights_shared or x_steps or l2_ahead or stages), f"x_whole "
+        vm.static_assert(not (weights_shared or x_steps or stages), f"x_whole "
                          f"copies x once and keeps the register body's loop free of copies: "
-                         f"weights_shared, x_steps, l2_ahead and stages must be off, got "
-                         f"{weights_shared}, {x_steps}, {l2_ahead}, {stages}")
+                         f"weights_shared, x_steps and stages must be off, got "
+                         f"{weights_shared}, {x_steps}, {stages}")
     vm.static_assert(ks > 0 and bk % ks == 0 and ks % 16 == 0, f"k_slice={k_slice} must be "
                      f"a multiple of 16 dividing bk={bk} (or 0: the whole step)")
     vm.static_assert(x_steps >= 0, f"x_steps={x_steps} must be 0 (prefetch's) or positive")
@@ -241,7 +241,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     vm.wait_prior_grid()
     if x_whole:
         _whole_x_loop(b, bufs, step_data, acc, wtype, adtype, zero_point, sliced, prefetch,
-                      x_rows or bm, x_whole)
+                      x_rows or bm, x_whole,
+                      (lambda kt: ask_l2(kt + prefetch + l2_ahead)) if l2_ahead else None)
         store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split,
                      x_rows)
         return
@@ -267,7 +268,8 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
 
 
 def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
-                  zero_point: bool, sliced, prefetch: int, rows: int, x_whole: int) -> None:
+                  zero_point: bool, sliced, prefetch: int, rows: int, x_whole: int,
+                  ask_l2=None) -> None:
     """The main loop of an ``x_whole`` schedule: x's ``rows`` rows for the block's whole K
     range (``x_whole`` columns; past K they read as zeros) are copied into shared memory
     once, then every step reads its slice of x from there, so the loop has no copy and
@@ -276,7 +278,8 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
     One row (``rows`` = 1) is held once and read as every row of the MMA tile (a stride-0
     layout: every ``ldmatrix`` row address is the same); ``bm`` rows are held as one
     swizzled ``[bm, bk]`` slab per K step (conflict-free ``ldmatrix``; the step selects
-    its slab by offset, which commutes with the swizzle).
+    its slab by offset, which commutes with the swizzle). ``ask_l2(kt)``, when given, asks
+    the L2 for what K step ``kt`` will load, ``l2_ahead`` steps beyond the registers.
     """
     lw = b.lw
     bm, bk = lw.mma.a.shape[0], lw.mma.b.shape[0]
@@ -312,6 +315,8 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
                            zero_point, sliced)
             for dst, src in zip(buf, step_data(b.k_tile0 + step + prefetch)):
                 vm.assign(dst, src)
+            if ask_l2 is not None:
+                ask_l2(b.k_tile0 + step)
     vm.free_shared(sx)
 
 
