@@ -174,14 +174,17 @@ def test_library_schedule_rule():
     assert pick(4096, 4096, 4096) == (256, 128, 1, 1)    # 512 blocks: no narrow tiles
     s = choose_wgmma_schedule(300, 6144 + 64, 4096, 128, lowvm.int4)  # N not a multiple of 128
     assert (s.bn, s.warps_m) == (64, 4)
+    assert pick(16, 10240, 8192) == (16, 64, 4, 2)       # decode sizes: one warpgroup
+    assert pick(9, 8192, 28672) == (16, 64, 4, 2)
+    assert pick(12, 8192, 8320) == (16, 64, 1, 1)        # 65 K steps: no split, no prefetch
     assert choose_wgmma_schedule(64, 4096, 4096, 32, lowvm.int4) is None
     assert choose_wgmma_schedule(64, 4096, 4096, 64, lowvm.int3).bk == 64
 
 
 def test_library_dispatch_rule():
-    """quant_linear's kernel by M (on sm_90): quant_gemm up to M = 16, wgmma from 17 to 32,
-    at 33..64 on weights of >= 1e8 elements or where narrow tiles apply with K <= 8192,
-    wgmma above 64."""
+    """quant_linear's kernel by M (on sm_90): quant_gemm up to M = 16 (from M = 9 wgmma
+    where K and N are both >= 8192), wgmma from 17 to 32, at 33..64 on weights of >= 1e8
+    elements or where narrow tiles apply with K <= 8192, wgmma above 64."""
     from types import SimpleNamespace
 
     from lowvm.kernels.library import runs_wgmma
@@ -195,12 +198,20 @@ def test_library_dispatch_rule():
     deep = weight(14336, 4096)  # 5.9e7 elements, K over 8192: quant_gemm at 33..64
     assert [runs_wgmma(m, deep) for m in (32, 33, 64, 65)] == [True, False, False, True]
     assert not runs_wgmma(256, weight(4096, 4096, bk=32))
+    wide, deep_wide = weight(8192, 10240), weight(28672, 8192)
+    assert [runs_wgmma(m, wide) for m in (1, 8, 9, 16, 17)] == [False] * 2 + [True] * 3
+    assert [runs_wgmma(m, deep_wide) for m in (8, 9, 16)] == [False, True, True]
+    assert not any(runs_wgmma(m, w) for m in (9, 16) for w in (big, small, deep))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m,dtype", [(17, "float16"), (32, "bfloat16"), (300, "float16")])
-def test_quant_linear_runs_wgmma_on_sm90(m, dtype):
-    """From WGMMA_MIN_M on sm_90, quant_linear runs the wgmma plan; results match float64."""
+@pytest.mark.parametrize("m,dtype,n,k", [
+    (17, "float16", 384, 1024), (32, "bfloat16", 384, 1024), (300, "float16", 384, 1024),
+    # decode sizes on a weight with K and N >= 8192 (WGMMA_DECODE_MIN_M/_DIM)
+    (9, "float16", 8192, 8192), (16, "bfloat16", 8192, 8192)])
+def test_quant_linear_runs_wgmma_on_sm90(m, dtype, n, k):
+    """Where runs_wgmma says so on sm_90, quant_linear runs the wgmma plan; results match
+    float64."""
     import torch
 
     from lowvm.kernels import library
@@ -209,7 +220,6 @@ def test_quant_linear_runs_wgmma_on_sm90(m, dtype):
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma needs sm_90a (H100/H200)")
     rng = np.random.default_rng(9)
-    n, k = 384, 1024
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", 128)
     qw = prepare_weight(codes, scales, "int4", 128)
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).cuda().to(

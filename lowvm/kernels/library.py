@@ -75,6 +75,13 @@ WGMMA_MID_M_NARROW_MAX_K = 8192
 #: warpgroup) by 64 rows of x, unsplit, measured faster up to this K: M = 256 14336 x 4096
 #: 75.7 vs 82.3 us, 8192 x 10240 107.1 vs 118.1; at K = 28672 (28672 x 8192) 296 vs 225
 WGMMA_NARROW_MAX_K = 16384
+#: below WGMMA_MIN_M, from this M, on weights with K and N both >= WGMMA_DECODE_MIN_DIM:
+#: 16-row x tiles on 64 weight rows (one warpgroup), K split 4, 2 stages, prefetch 2.
+#: M = 16 in CUDA graphs (ninth session): 8192 x 10240 30.9 vs 36.0 us, 28672 x 8192 61.5
+#: vs 64.4; it lost on 14336 x 4096 (25.6 vs 20.9), 4096 x 28672 (37.3 vs 28.7) and the
+#: 4096-deep projections, and at M = 1 (8-row tiles) everywhere (x copied every step)
+WGMMA_DECODE_MIN_M = 9
+WGMMA_DECODE_MIN_DIM = 8192
 #: the wgmma kernel's grid should have at least this many blocks: smaller x tiles first
 #: (256 -> 128 rows), then K split 2, 4 or 8 ways
 WGMMA_MIN_BLOCKS = 80
@@ -660,6 +667,10 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     keeping >= 16 K steps. Tiles of 256 rows prefetch one K step of weights (x: 3 stages
     of 64 KB), smaller ones two.
 
+    Below ``WGMMA_MIN_M`` (decode sizes, where :func:`runs_wgmma` takes it): 16 rows of x
+    by 64 weight rows on one warpgroup, K split 4 ways, prefetch 2 (less where K's steps
+    do not divide).
+
     Narrow tiles (:func:`_narrow_wgmma`) instead where 128-row weight tiles would leave
     the GPU under one wave at M > 32 and K <= ``WGMMA_NARROW_MAX_K``: 64 weight rows on one
     warpgroup by 64 rows of x, 2 x stages, no split (twice the blocks with half the
@@ -677,6 +688,14 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
         return None
     base = WGMMA_SCHEDULE
     steps = k // bk
+    if m < WGMMA_MIN_M:  # decode sizes (runs_wgmma: large K and N only)
+        split, prefetch = 4, 2
+        while split > 1 and steps % (split * prefetch):
+            split //= 2
+        if steps % (split * prefetch):
+            prefetch = 1
+        s = GemmSchedule(16, WEIGHT_BN, bk, 4, 1, split, 2, prefetch, wgmma=True)
+        return s if threads_fit(as_dtype(wtype), s) else None
     if _narrow_wgmma(m, n, k):
         s = GemmSchedule(64, WEIGHT_BN, bk, 4, 1, 1, 2, 2 if steps % 2 == 0 else 1,
                          wgmma=True)
@@ -718,9 +737,11 @@ def _wgmma_rows(m: int) -> int:
 
 def runs_wgmma(m: int, weight: QuantWeight) -> bool:
     """Whether ``quant_linear`` runs :func:`quant_gemm_wgmma` at batch ``m`` on an sm_90
-    GPU (``WGMMA_MIN_M``, ``WGMMA_MID_M_MIN_WEIGHTS`` unless narrow tiles apply with K <=
-    ``WGMMA_MID_M_NARROW_MAX_K``, a schedule that fits the weight)."""
-    if m < WGMMA_MIN_M:
+    GPU (``WGMMA_MIN_M``, or ``WGMMA_DECODE_MIN_M`` on weights with K and N of at least
+    ``WGMMA_DECODE_MIN_DIM``; ``WGMMA_MID_M_MIN_WEIGHTS`` unless narrow tiles apply with
+    K <= ``WGMMA_MID_M_NARROW_MAX_K``; a schedule that fits the weight)."""
+    if m < WGMMA_MIN_M and not (m >= WGMMA_DECODE_MIN_M
+                                and min(weight.n, weight.k) >= WGMMA_DECODE_MIN_DIM):
         return False
     if (32 < m <= 64 and weight.n * weight.k < WGMMA_MID_M_MIN_WEIGHTS
             and not (weight.k <= WGMMA_MID_M_NARROW_MAX_K
