@@ -267,7 +267,7 @@ def main() -> None:
                     print(json.dumps(rows[-1]), flush=True)
                 if m > 64 and args.prefill_kernel == "quant_gemm_prefill":
                     rows += prefill_rows(args, x, qw, ref, flush, wbytes, tname)
-                if args.wgmma and (m > 16 or args.wgmma_schedules):
+                if args.wgmma:
                     rows += wgmma_rows(args, x, qw, ref, flush, wbytes, tname)
                 if tname == args.types.split(",")[0]:
                     if args.graph:
