@@ -1102,14 +1102,6 @@ def test_arrive_generated_code_fences_and_reads_through_l2():
     assert "__ldcg(" in src  # the coherent load bypasses the read-only and L1 caches
 
 
-def test_arrive_fences_in_every_thread_when_asked(monkeypatch):
-    from lowvm.codegen import generate_cuda
-
-    monkeypatch.setenv("LOWVM_ARRIVE_FENCE", "all")  # the first lowering, kept to measure
-    src = generate_cuda(last_block_sums.build()).source
-    assert src.count("__threadfence()") == 2 and "fence.acq_rel" not in src
-
-
 def test_arrive_refuses_a_non_int32_counter():
     @vm.program(warps=1)
     def bad(c: vm.ptr[vm.float32]):

@@ -11,7 +11,6 @@ layouts are refused.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -119,15 +118,6 @@ class Arrive(Instruction):
         cg.line(f"// {self}")
         ticket = cg.fresh("lowvm_ticket")
         cg.line(f"__shared__ unsigned {ticket};")
-        if os.environ.get("LOWVM_ARRIVE_FENCE") == "all":  # the first lowering, to measure
-            cg.line("__threadfence();  // this block's writes before its arrival (release)")
-            cg.line("__syncthreads();")
-            with cg.block("if (tid == 0)"):
-                self._emit_ticket(cg, ticket)
-            cg.line("__syncthreads();")
-            cg.line(f"const int {self.var.name} = (int){ticket};")
-            cg.line("__threadfence();  // earlier arrivals' writes before what follows (acquire)")
-            return
         # the barrier orders every thread's writes before thread 0's release fence, and
         # thread 0's acquire fence before every thread's reads (fences are cumulative over
         # what the barrier ordered), so one thread fences for the block, at acq_rel
@@ -135,12 +125,9 @@ class Arrive(Instruction):
         cg.line("__syncthreads();  // the block's writes, then thread 0 releases them")
         with cg.block("if (tid == 0)"):  # its own scope: index names stay local
             cg.line('asm volatile("fence.acq_rel.gpu;" ::: "memory");')
-            self._emit_ticket(cg, ticket)
+            ref, _ = global_ref(cg, self.counter, self.offsets, ["0"] * self.counter.rank)
+            cg.line(f"{ticket} = atomicInc(reinterpret_cast<unsigned*>(&{ref}), "
+                    f"(unsigned)({cg.expr(self.count)}) - 1u);")
             cg.line('asm volatile("fence.acq_rel.gpu;" ::: "memory");')
         cg.line("__syncthreads();  // earlier arrivals' writes, acquired by thread 0")
         cg.line(f"const int {self.var.name} = (int){ticket};")
-
-    def _emit_ticket(self, cg: CudaContext, ticket: str) -> None:
-        ref, _ = global_ref(cg, self.counter, self.offsets, ["0"] * self.counter.rank)
-        cg.line(f"{ticket} = atomicInc(reinterpret_cast<unsigned*>(&{ref}), "
-                f"(unsigned)({cg.expr(self.count)}) - 1u);")
