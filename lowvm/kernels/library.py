@@ -205,7 +205,9 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     0 to 23 % faster than streaming x (8192 x 10240: 27.5 -> 21.2 us; NOTES.md, sixth
     session). ``x_whole=False`` gives the schedules that stream x through shared memory
     every step or every ``prefetch`` steps (the choice before; kept for comparison and for
-    K ranges that do not fit).
+    K ranges that do not fit). At 8 < M <= 16, where 16 rows would be held at split 8, x
+    is streamed at split 4 with two steps of weights in flight instead, where that still
+    gives a block per SM (ninth session).
 
     Decode (M <= 16): split-K (its reduction fused into the GEMM) doubles while the grid
     has under ~4 blocks per SM, or while each block would still stream >= 24 K steps,
@@ -245,6 +247,15 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # per SM at split 8 splits once more: 14336 x 4096 in a graph 16.6 -> 15.1 us
         # (NOTES.md, sixth session)
         split = 16
+    if (8 < m <= 16 and x_whole and split == 8 and steps % 8 == 0
+            and bm * (k // split) * 2 <= X_WHOLE_BYTES and blocks * 4 >= num_sms):
+        # where 16 rows would be held whole at split 8, streaming x at split 4 with two
+        # steps of weights in flight measured faster: M = 16 in graphs 4096 x 6144 15.6 ->
+        # 11.9 us, 4096 x 4096 12.1 -> 10.1 (events 19.1 -> 16.2, 15.6 -> 14.6); at M = 8
+        # it was mixed (12.0 -> 10.9, 9.6 -> 9.9), so M <= 8 keeps x whole (NOTES.md,
+        # ninth session)
+        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
+                            warps_n=WEIGHT_WARPS_N, split=4, stages=None, prefetch=2)
     if m <= 16 and x_whole:
         rows = 1 if m == 1 else bm
         kb = k // split
