@@ -6,10 +6,8 @@
 # and its deep-prefetch variant. Writes $OUT (default ./inflight_out) and one tar of it.
 set -uo pipefail
 . benchmarks/device_env.sh inflight_out
-q="python benchmarks/gemm_quick.py --graph --ms 1"
-run() {  # name shape variants
-  $q --shapes "$2" --variants "$3" --out "$OUT/$1.json" > "$OUT/$1.log" 2>&1
-}
+W="$OUT"
+run() { sweep "$@" --graph --ms 1; }
 run gate_up 4096x28672 "base,bn=32/warps_n=2/prefetch=8,split=2/x_whole=2048/prefetch=2,split=2/x_whole=2048/prefetch=4,x_whole=0/x_rows=0/weights_shared=1/stages=4/prefetch=1,x_whole=0/x_rows=0/weights_shared=1/stages=8/prefetch=1"
 run qkv 4096x6144 "base,split=4/x_whole=1024/prefetch=4,split=4/x_whole=1024/prefetch=8,split=2/x_whole=2048/prefetch=8,x_whole=0/x_rows=0/weights_shared=1/stages=4/prefetch=1"
 run o 4096x4096 "base,split=4/x_whole=1024/prefetch=4,split=4/x_whole=1024/prefetch=8,split=2/x_whole=2048/prefetch=8"

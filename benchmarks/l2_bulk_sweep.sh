@@ -8,10 +8,7 @@ set -uo pipefail
 W="$OUT/work"; mkdir -p "$W"
 timeout 150 python -m pytest -m gpu -q -p no:cacheprovider -n 8 tests/test_quant_gemm.py \
   -k "x_steps_match or x_whole_match" > "$W/pytest.log" 2>&1
-q="python benchmarks/gemm_quick.py --graph --ms ${MS:-1}"
-run() {  # name shape variants
-  $q --shapes "$2" --variants "$3" --out "$W/$1.json" > "$W/$1.log" 2>&1
-}
+run() { sweep "$@" --graph --ms "${MS:-1}"; }
 run gate_up 4096x28672 "base,l2_ahead=2,l2_ahead=4,l2_ahead=8,prefetch=2/l2_ahead=4,prefetch=2/l2_ahead=8,prefetch=1/l2_ahead=8"
 run qkv 4096x6144 "base,l2_ahead=1,l2_ahead=3"
 run o 4096x4096 "base,l2_ahead=1,l2_ahead=3"

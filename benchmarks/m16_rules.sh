@@ -6,12 +6,9 @@
 set -uo pipefail
 . benchmarks/device_env.sh m16_rules_out
 W="$OUT/work"; mkdir -p "$W"
-run() {  # name shape variants
-  for mode in graph events; do
-    flag=""; [ "$mode" = graph ] && flag="--graph"
-    python benchmarks/gemm_quick.py $flag --ms 16,8 --shapes "$2" --variants "$3" \
-      --out "$W/$1_$mode.json" > "$W/$1_$mode.log" 2>&1
-  done
+run() {  # name shape variants: in graphs and event-timed
+  sweep "$1_graph" "$2" "$3" --graph --ms 16,8
+  sweep "$1_events" "$2" "$3" --ms 16,8
 }
 small="base,split=4/prefetch=2/x_whole=0,split=4/prefetch=1/x_whole=0,split=8/prefetch=1/x_whole=0,split=4/prefetch=2/x_whole=1024"
 run qkv 4096x6144 "$small"
