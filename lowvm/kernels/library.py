@@ -79,7 +79,9 @@ WGMMA_NARROW_MAX_K = 16384
 #: 16-row x tiles on 64 weight rows (one warpgroup), K split 4, 2 stages, prefetch 2.
 #: M = 16 in CUDA graphs (ninth session): 8192 x 10240 30.9 vs 36.0 us, 28672 x 8192 61.5
 #: vs 64.4; it lost on 14336 x 4096 (25.6 vs 20.9), 4096 x 28672 (37.3 vs 28.7) and the
-#: 4096-deep projections, and at M = 1 (8-row tiles) everywhere (x copied every step)
+#: 4096-deep projections, and at M = 1 (8-row tiles) everywhere (x copied every step).
+#: At M = 9 (events / graphs): 8192 x 10240 37.1 -> 28.5 / 29.2 -> 28.6, 28672 x 8192
+#: 61.6 -> 59.7 / 57.1 -> 59.8 (slower in graphs)
 WGMMA_DECODE_MIN_M = 9
 WGMMA_DECODE_MIN_DIM = 8192
 #: the wgmma kernel's grid should have at least this many blocks: smaller x tiles first

@@ -278,8 +278,9 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
     One row (``rows`` = 1) is held once and read as every row of the MMA tile (a stride-0
     layout: every ``ldmatrix`` row address is the same); ``bm`` rows are held as one
     swizzled ``[bm, bk]`` slab per K step (conflict-free ``ldmatrix``; the step selects
-    its slab by offset, which commutes with the swizzle). ``ask_l2(kt)``, when given, asks
-    the L2 for what K step ``kt`` will load, ``l2_ahead`` steps beyond the registers.
+    its slab by offset, which commutes with the swizzle). ``ask_l2``, when given, is called
+    with K step ``kt`` after that step's reload and asks the L2 for the step ``l2_ahead``
+    beyond the registers.
     """
     lw = b.lw
     bm, bk = lw.mma.a.shape[0], lw.mma.b.shape[0]
