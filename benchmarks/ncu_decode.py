@@ -38,7 +38,8 @@ def main() -> None:
                     "8192x10240,28672x8192")
     ap.add_argument("--no-cublas", action="store_true")
     ap.add_argument("--variants", default="base", help="comma list of schedules: base (the "
-                    "library's choice) or field=value/... changes to it (gemm_schedule.with_fields)")
+                    "library's choice) or field=value/... changes to it "
+                    "(gemm_schedule.with_fields)")
     args = ap.parse_args()
     calls = []
     for spec in args.shapes.split(","):
