@@ -2,8 +2,9 @@
 
 ``prepare_weight`` quantises (or takes codes), repacks for :func:`quant_gemm` and moves
 everything to the GPU; ``quant_linear`` picks a kernel and a schedule for the batch size
-(the decode program up to M = 16; on sm_90 the wgmma kernel above, where
-:func:`runs_wgmma` says so; elsewhere the prefill kernel or quant_gemm), compiles it once
+(the decode program up to M = 16; on sm_90 the wgmma kernel above, and from M = 9 on
+large weights, where :func:`runs_wgmma` says so; elsewhere the prefill kernel or
+quant_gemm), compiles it once
 per specialisation (memory and disk cached), and launches on torch's current stream. The
 repacked format depends only on ``(wtype, bk)``, so every kernel and schedule shares one
 copy of the weights.
