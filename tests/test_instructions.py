@@ -162,11 +162,28 @@ def test_prefetch_l2_changes_nothing_and_asks_each_sector_once():
     # 4 KB of whole 16-byte rows: 128 sectors of 32 bytes, not one per row (256)
     assert "for (int e = tid; e < 128; e += 64)" in src
     assert "for (int e = tid; e < 4; e += 64)" in src  # 100 bytes: 4 sectors
+    # sm_90: the 4 KB run is one bulk prefetch; the 100-byte run is not whole 16-byte
+    # chunks, so it keeps the sector loop only
+    assert src.count("cp.async.bulk.prefetch.L2.global [%0], 4096;") == 1
+    assert src.count("#if __CUDA_ARCH__ >= 900") == 1
     with pytest.raises(lowvm.ProgramError, match="prefetch_l2: shape \\[4\\] has rank 1"):
         @vm.program(warps=1)
         def wrong_rank(x: vm.ptr[vm.uint8]):
             vm.prefetch_l2(vm.global_view(x, [4, 4]), [0, 0], [4])
         wrong_rank.build()
+
+
+def test_prefetch_l2_of_strided_rows_is_never_one_bulk_run():
+    """A row whose elements are not adjacent (a transposed view) is not a contiguous run:
+    it keeps the per-sector prefetches on every GPU."""
+    from lowvm.codegen import generate_cuda
+
+    @vm.program(warps=1)
+    def strided(x: vm.ptr[vm.float16]):
+        vm.set_grid(1)
+        vm.prefetch_l2(vm.global_view(x, [64, 64], [1, 64]), [0, 0], [4, 64])
+    src = generate_cuda(strided.build()).source
+    assert "cp.async.bulk.prefetch" not in src and "prefetch.global.L2" in src
 
 
 # ---------------------------------------------------------------------------------------

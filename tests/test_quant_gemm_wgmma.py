@@ -26,6 +26,9 @@ SCHEDULES = {
                               stages=2, prefetch=2),
     "bm40_unstaged": _S(bm=40, bn=128, bk=128, warps_m=8, warps_n=1, stages=None),
     "bm128_pf2": _S(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, prefetch=2),
+    # the library's decode-size schedule (M = 9..16 on large weights): K of 1024 and more
+    "decode_bm16_split4_pf2": _S(bm=16, bn=64, bk=128, warps_m=4, warps_n=1, split=4,
+                                 stages=2, prefetch=2),
 }
 
 
@@ -80,6 +83,14 @@ def test_interpreter_matches_float64(wtype, sched):
     assert _rel(y, ref) < 2e-3
 
 
+@pytest.mark.parametrize("wtype,m,zp", [("int4", 13, False), ("uint4", 9, True),
+                                         ("int3", 16, False)])
+def test_decode_schedule_in_the_interpreter(wtype, m, zp):
+    """choose_wgmma_schedule's pick below M = 17: 16-row x tiles, split 4, prefetch 2."""
+    y, ref = _run(wtype, m, SCHEDULES["decode_bm16_split4_pf2"], zero_point=zp, k=1024)
+    assert _rel(y, ref) < 2e-3
+
+
 def test_zero_points_bfloat16_and_group_64_in_the_interpreter():
     y, ref = _run("uint4", 37, WGMMA_SCHEDULE, zero_point=True)
     assert _rel(y, ref) < 2e-3
@@ -111,10 +122,12 @@ def test_ptxas_sm90a_without_spills(wtype, sched):
     assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
 
 
-#: the library's three kinds of wgmma schedule (choose_wgmma_schedule)
+#: the library's four kinds of wgmma schedule (choose_wgmma_schedule)
 LIBRARY_KINDS = {"256-row x tiles": dict(),
                  "narrow": dict(bm=64, bn=64, warpgroups=1, stages=2, prefetch=2),
-                 "32-row x tiles, split": dict(bm=32, split=2, prefetch=2)}
+                 "32-row x tiles, split": dict(bm=32, split=2, prefetch=2),
+                 "16-row x tiles, decode": dict(bm=16, bn=64, warpgroups=1, split=4,
+                                                stages=2, prefetch=2)}
 
 
 @needs_nvcc

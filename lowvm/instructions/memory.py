@@ -369,7 +369,9 @@ class PrefetchL2(Instruction):
         sectors = -(-run // per)
         total = int(np.prod(outer)) * sectors
         threads = cg.program.num_threads
-        bulk = run * self.src.dtype.nbits % 128 == 0  # whole 16-byte chunks
+        # whole 16-byte chunks, contiguous (merged runs are; a row must have stride 1)
+        bulk = (run * self.src.dtype.nbits % 128 == 0
+                and const_value(layout.strides[-1]) == 1)
         if bulk:  # sm_90: one bulk prefetch per run, where it is aligned and inside
             cg.line("#if __CUDA_ARCH__ >= 900")
             self._emit_bulk(cg, outer, merged, run * self.src.dtype.nbits // 8)

@@ -681,9 +681,10 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     keeping >= 16 K steps. Tiles of 256 rows prefetch one K step of weights (x: 3 stages
     of 64 KB), smaller ones two.
 
-    Below ``WGMMA_MIN_M`` (decode sizes, where :func:`runs_wgmma` takes it): 16 rows of x
-    by 64 weight rows on one warpgroup, K split 4 ways, prefetch 2 (less where K's steps
-    do not divide).
+    Below ``WGMMA_MIN_M`` (decode sizes; ``quant_linear`` runs it where :func:`runs_wgmma`
+    says so, ``wgmma_quant_linear`` and the tuner at any such M): 16 rows of x by 64
+    weight rows on one warpgroup, K split 4 ways, prefetch 2 (less where K's steps do not
+    divide).
 
     Narrow tiles (:func:`_narrow_wgmma`) instead where 128-row weight tiles would leave
     the GPU under one wave at M > 32 and K <= ``WGMMA_NARROW_MAX_K``: 64 weight rows on one

@@ -153,13 +153,14 @@ WGMMA_BMS = (32, 64, 128, 256)
 
 
 def _wgmma_space(base: GemmSchedule, m: int, n: int, k: int, bk: int) -> list[GemmSchedule]:
-    """The wgmma kernel's variants of ``base``: x tiles of 32..256 rows (none much taller
-    than M), 64- or 128-row weight tiles, split in :data:`SPLITS`, one or two K steps of
-    weights prefetched, 2..4 x stages; each passing :func:`wgmma_refusal`."""
+    """The wgmma kernel's variants of ``base``: x tiles of 32..256 rows (16 too at M <= 16;
+    none much taller than M), 64- or 128-row weight tiles, split in :data:`SPLITS`, one or
+    two K steps of weights prefetched, 2..4 x stages; each passing :func:`wgmma_refusal`."""
     out, seen = [base], {base}
     weight_tiles = ((128, 8), (64, 4)) if n % 128 == 0 else ((64, 4),)
+    bms = ((16,) if m <= 16 else ()) + WGMMA_BMS  # 16-row x tiles at decode sizes
     for bm, (bn, warps), split, prefetch, stages in itertools.product(
-            WGMMA_BMS, weight_tiles, SPLITS, (1, 2), (2, 3, 4)):
+            bms, weight_tiles, SPLITS, (1, 2), (2, 3, 4)):
         if bm > 2 * max(m, 32) or (k // bk) % split or (k // bk) // split < 2:
             continue
         s = GemmSchedule(bm, bn, bk, warps, 1, split, stages, prefetch, wgmma=True)
