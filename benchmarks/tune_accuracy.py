@@ -46,11 +46,8 @@ def _compile(job: tuple[bool, str, dict]) -> str:
 
 def _job(s, wtype: str, group: int) -> tuple[bool, str, dict]:
     """What ``library._plan`` / ``_wgmma_plan`` compile for schedule ``s``."""
-    if s.wgmma:
-        return True, wtype, dict(group=group, zero_point=False, bm=s.bm, bn=s.bn, bk=s.bk,
-                                 warpgroups=s.warps_m // 4, split=s.split, stages=s.stages,
-                                 prefetch=s.prefetch, fused_split=s.fused_split)
-    return False, wtype, dict(group=group, zero_point=False, **s.constants())
+    constants = s.wgmma_constants() if s.wgmma else s.constants()
+    return s.wgmma, wtype, dict(group=group, zero_point=False, **constants)
 
 
 def main() -> None:

@@ -32,11 +32,6 @@ SCHEDULES = {
 }
 
 
-def _constants(s: GemmSchedule) -> dict:
-    return dict(bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
-                stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
-
-
 def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512, g=128,
          gpu=False):
     rng = np.random.default_rng(seed)
@@ -51,7 +46,7 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
 
         cast, program = ml_dtypes.bfloat16, quant_gemm_wgmma_bf16
     zs = scales if zeros is None else zeros
-    consts = dict(wtype=wt, group=g, zero_point=zero_point, **_constants(schedule))
+    consts = dict(wtype=wt, group=g, zero_point=zero_point, **schedule.wgmma_constants())
     args = (x.astype(cast), packed, scales.astype(cast), zs.astype(cast))
     y = np.full((m, n), np.nan, cast)
     ws = np.zeros((m, n), np.float32)
@@ -103,7 +98,7 @@ def test_zero_points_bfloat16_and_group_64_in_the_interpreter():
 
 @pytest.mark.parametrize("sched", sorted(SCHEDULES))
 def test_every_dot_is_a_wgmma(sched):
-    consts = dict(wtype=lowvm.int4, group=128, **_constants(SCHEDULES[sched]))
+    consts = dict(wtype=lowvm.int4, group=128, **SCHEDULES[sched].wgmma_constants())
     program = run_passes(quant_gemm_wgmma.build(**consts))
     impls = [i.impl for i in program.instructions() if i.mnemonic == "dot_shared"]
     assert impls and all(isinstance(p, WgmmaPlan) for p in impls)
@@ -117,7 +112,7 @@ def test_ptxas_sm90a_without_spills(wtype, sched):
     from lowvm.runtime import resource_usage
 
     cuda = generate_cuda(quant_gemm_wgmma.build(wtype=lowvm.dtype(wtype), group=128,
-                                                **_constants(SCHEDULES[sched])))
+                                                **SCHEDULES[sched].wgmma_constants()))
     usage = resource_usage(cuda.source, "sm_90a")[cuda.kernel_name]
     assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
 

@@ -78,6 +78,12 @@ class GemmSchedule:
             c["x_rows"] = self.x_rows
         return c
 
+    def wgmma_constants(self) -> dict[str, int | bool | None]:
+        """Keyword constants for ``quant_gemm_wgmma.build`` (``warps_m`` = 4 x warpgroups)."""
+        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warpgroups": self.warps_m // 4,
+                "split": self.split, "stages": self.stages, "prefetch": self.prefetch,
+                "fused_split": self.fused_split}
+
     def resplit(self, k: int, **fields: object) -> GemmSchedule:
         """This schedule with ``fields`` replaced, for K = ``k``: an ``x_whole`` one keeps
         holding exactly a block's K range (``x_whole = k / split`` for the new split)."""

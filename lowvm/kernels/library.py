@@ -834,8 +834,7 @@ def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
             raise LowvmError(f"wgmma schedule {s}: {reason}")
         gemm = _compiled(quant_gemm_wgmma_bf16 if bf16 else quant_gemm_wgmma,
                          wtype=weight.wtype, group=weight.group, zero_point=zero_point,
-                         bm=s.bm, bn=s.bn, bk=s.bk, warpgroups=s.warps_m // 4, split=s.split,
-                         stages=s.stages, prefetch=s.prefetch, fused_split=s.fused_split)
+                         **s.wgmma_constants())
         plan = _WGMMA_PLANS[key] = (gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0)
     return plan
 
