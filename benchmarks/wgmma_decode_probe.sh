@@ -8,8 +8,7 @@ set -uo pipefail
 . benchmarks/device_env.sh wgmma_decode_out
 W="$OUT/work"; mkdir -p "$W"
 run() {  # name m shape schedules
-  python benchmarks/gemm_quick.py --graph --ms "$2" --shapes "$3" --variants base --wgmma \
-    --wgmma-schedules "$4" --out "$W/$1_m$2.json" > "$W/$1_m$2.log" 2>&1
+  sweep "$1_m$2" "$3" base --graph --ms "$2" --wgmma --wgmma-schedules "$4"
 }
 for m in 1 16; do
   b=8; [ "$m" = 16 ] && b=16
