@@ -17,7 +17,8 @@ __version__ = "0.1.0"
 
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
 
-_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "fuse_projections", "FuseReport")
+_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "fuse_projections", "FuseReport",
+             "use_decode_attention")
 _KERNEL_NAMES = ("overlapped_launches",)
 
 

@@ -312,8 +312,8 @@ class Program:
     constants: tuple[tuple[str, object], ...] = ()
     shared_bytes: int = 0
     #: occupancy hint: the compiler keeps registers low enough for this many resident
-    #: blocks per SM (``__launch_bounds__``'s second argument); 1 = no hint
-    min_blocks: int = 1
+    #: blocks per SM (``__launch_bounds__``'s second argument); None = no hint
+    min_blocks: int | None = None
 
     @property
     def num_threads(self) -> int:

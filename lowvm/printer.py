@@ -37,7 +37,7 @@ def format_program(program: Program) -> str:
     lines = [
         f"program {program.name}({params})" + (f" [{consts}]" if consts else ""),
         f"  grid [{grid}], {program.num_warps} warps, shared {program.shared_bytes} bytes"
-        + (f", min {program.min_blocks} blocks/SM" if program.min_blocks > 1 else ""),
+        + (f", min {program.min_blocks} blocks/SM" if program.min_blocks is not None else ""),
         *format_stmt(program.body, 1),
     ]
     return "\n".join(lines)

@@ -13,7 +13,12 @@ default), so each type only adds its quantized linears (all copies stay alive: t
 model's int4 + int3 + int2 copies add about 16 GB to its 16 GB). With ``--fuse`` (the
 default) each quantized copy then has its q/k/v and gate/up projections fused into one GEMM
 each (``lowvm.fuse_projections``: 4 quantized GEMMs per layer instead of 7); ``--no-fuse``
-keeps 7. Every speed row records ``"fused"``. Reported, per model:
+keeps 7. ``--attention lowvm`` (the default) switches each quantized copy to lowvm's decode
+attention (``lowvm.use_decode_attention``: a decode step's attention is one VM-program
+launch per layer instead of transformers' SDPA path); ``--fp16-attention sdpa,lowvm`` also
+times the float16 model with it (as ``float16+attn``), so the speed-up from the attention
+alone can be told apart. Every speed row records ``"fused"`` and ``"attention"``.
+Reported, per model:
 
 * weight memory: ``stored`` (the state dict: packed codes, scales, zeros, dense rest) and
   ``resident`` (every parameter and buffer, including the kernel's repacked copy);
@@ -78,6 +83,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "rope_theta": 500000.0},
 }
 MODES = ("eager", "graphs", "loop")
+ATTENTIONS = ("sdpa", "lowvm")
+FP16_LOWVM_ATTN = "float16+attn"  # the float16 model with lowvm's decode attention
 LOOP_ATTR = "_serving_decode_loop"  # where measure() keeps a loop mode's DecodeLoop
 SAMPLE_TOKENS = 16  # greedy tokens of the fixed prompt kept per model (eager, cheap)
 
@@ -110,6 +117,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
                    help="fuse q/k/v and gate/up of the quantized models (lowvm.fuse_projections)"
                         " before measuring them (default); --no-fuse: one GEMM per projection")
+    p.add_argument("--attention", default="lowvm", choices=ATTENTIONS,
+                   help="attention of the quantized models: lowvm (decode steps on lowvm's "
+                        "VM program, lowvm.use_decode_attention; the default) or sdpa "
+                        "(transformers' own)")
+    p.add_argument("--fp16-attention", default="sdpa",
+                   help="comma-separated attentions the float16 model is timed with: sdpa "
+                        "(as transformers runs it; the x fp16 column's reference) and/or "
+                        f"lowvm (timed as {FP16_LOWVM_ATTN!r})")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=False,
                    help="loop mode: capture lowvm's GEMMs as overlapped launches "
                         "(lowvm.overlapped_launches: each starts loading weights while the "
@@ -133,6 +148,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-table", nargs="+", metavar="JSON",
                    help="only print the table of earlier --json results (merged) and exit")
     args = p.parse_args(argv)
+    args.fp16_attentions = [a for a in args.fp16_attention.split(",") if a]
+    if not args.fp16_attentions or set(args.fp16_attentions) - set(ATTENTIONS):
+        p.error(f"--fp16-attention takes a comma-separated subset of {', '.join(ATTENTIONS)}; "
+                f"got {args.fp16_attention!r}")
     args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     args.batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     args.skip_globs = tuple(s.strip() for s in args.skip.split(",") if s.strip())
@@ -612,7 +631,8 @@ class Run:
             "dtypes": args.dtypes, "group_size": args.group_size, "skip": list(args.skip_globs),
             "new_tokens": args.new_tokens, "eager_new_tokens": eager_tokens(args),
             "prompt_len": args.prompt_len, "repeats": args.repeats, "fuse": args.fuse,
-            "overlap": args.overlap,
+            "overlap": args.overlap, "attention": args.attention,
+            "fp16_attention": args.fp16_attentions,
             "compile": {"backend": args.compile_backend, "fullgraph": args.fullgraph,
                         "dynamic": False, "mode": "reduce-overhead"
                         if args.compile_backend == "inductor" else None,
@@ -668,7 +688,8 @@ def speed_rows(run: Run, models: dict[str, Any], vocab: int, modes: list[str]) -
             for name, model in models.items():
                 fused = bool(run.result["models"].get(name, {}).get("fused", False))
                 row: dict[str, Any] = {"model": name, "batch": batch, "mode": mode,
-                                       "fused": fused}
+                                       "fused": fused,
+                                       "attention": model.config._attn_implementation}
                 if run.out_of_time():
                     row["skipped"] = f"time budget ({args.time_budget:.0f} s) spent"
                     print(f"{name} batch {batch} {mode}: skipped (time budget)")
@@ -733,7 +754,9 @@ def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> A
                      "fuse_report": {"attention_fused": fuse_report.attention_fused,
                                      "mlps_fused": fuse_report.mlps_fused,
                                      "skipped": [list(item) for item in fuse_report.skipped]}}
-    info: dict[str, Any] = {**fuse_info,
+    if args.attention == "lowvm":
+        lowvm.use_decode_attention(quant)
+    info: dict[str, Any] = {**fuse_info, "attention": quant.config._attn_implementation,
         "quantize_s": seconds, "layers_replaced": report.layers_replaced,
         "layers_skipped": sorted(report.skipped), "weight_bytes": weight_bytes(quant),
         "quantized_layer_bytes": {"float16": report.bytes_before, "lowvm": report.bytes_after},
@@ -789,7 +812,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                        "generated": probes["fp16_sample"]}
     run.save()
 
-    models: dict[str, Any] = {} if args.no_fp16_speed else {"float16": dense}
+    models: dict[str, Any] = {}
+    if not args.no_fp16_speed:
+        if "sdpa" in args.fp16_attentions:
+            models["float16"] = dense
+        if "lowvm" in args.fp16_attentions:  # shares every tensor of dense
+            shared = {id(t): t for t in (*dense.parameters(), *dense.buffers())}
+            models[FP16_LOWVM_ATTN] = lowvm.use_decode_attention(copy.deepcopy(dense, shared))
+            run.result["models"][FP16_LOWVM_ATTN] = {"attention": "lowvm"}
     for dtype in args.dtypes:  # all copies stay (8B: int4 + int3 + int2 add ~16 GB)
         quant = add_quantized(run, dense, dtype, probes)
         if quant is not None:
@@ -836,14 +866,14 @@ def format_table(result: dict[str, Any]) -> str:
     quality per model."""
     ref = {(r["batch"], r["mode"]): r for r in result["speed"]
            if r["model"] == "float16" and "decode_tokens_per_s" in r}
-    head = (f"{'model':8s} {'batch':>5s} {'mode':6s} {'decode tok/s':>12s} {'x fp16':>7s} "
+    head = (f"{'model':12s} {'batch':>5s} {'mode':6s} {'decode tok/s':>12s} {'x fp16':>7s} "
             f"{'e2e tok/s':>10s} {'x fp16':>7s} {'fwd ms':>7s} {'1st call s':>10s} "
-            f"{'breaks':>6s} {'cg skips':>8s} {'fused':>5s}")
+            f"{'breaks':>6s} {'cg skips':>8s} {'fused':>5s} {'attn':>5s}")
     lines = [f"device: {result.get('device')}", head, "-" * len(head)]
     for r in sorted(result["speed"], key=lambda r: (r["batch"], r["mode"])):
         if "decode_tokens_per_s" not in r:
             why = r.get("skipped") or r.get("error", "")
-            lines.append(f"{r['model']:8s} {r['batch']:5d} {r['mode']:6s} not measured: "
+            lines.append(f"{r['model']:12s} {r['batch']:5d} {r['mode']:6s} not measured: "
                          f"{why[:60]}")
             continue
         base = ref.get((r["batch"], r["mode"]))
@@ -852,20 +882,20 @@ def format_table(result: dict[str, Any]) -> str:
             x_dec = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
             x_e2e = r["e2e_tokens_per_s"] / base["e2e_tokens_per_s"]
         lines.append(
-            f"{r['model']:8s} {r['batch']:5d} {r['mode']:6s} "
+            f"{r['model']:12s} {r['batch']:5d} {r['mode']:6s} "
             f"{_num(r['decode_tokens_per_s'], '12.1f')} {_num(x_dec, '7.2f')} "
             f"{_num(r['e2e_tokens_per_s'], '10.1f')} {_num(x_e2e, '7.2f')} "
             f"{_num(r.get('forward_ms'), '7.2f')} {_num(r.get('first_call_s'), '10.1f')} "
             f"{_num(r.get('graph_breaks'), '6d')} {_num(r.get('cudagraph_skips'), '8d')} "
-            f"{_fused(r):>5s}")
-    lines += ["", f"{'model':8s} {'stored MiB':>10s} {'resident MiB':>12s} "
+            f"{_fused(r):>5s} {r.get('attention', 'sdpa'):>5s}")
+    lines += ["", f"{'model':12s} {'stored MiB':>10s} {'resident MiB':>12s} "
               f"{'rel err (last logits)':>22s} {'top-1 agree':>11s}"]
     for name, info in result["models"].items():
         wb = info.get("weight_bytes", {})
         q = info.get("quality", {})
         stored = wb.get("stored", math.nan) / 2**20
         resident = wb.get("resident", math.nan) / 2**20
-        lines.append(f"{name:8s} {_num(stored, '10.1f')} {_num(resident, '12.1f')} "
+        lines.append(f"{name:12s} {_num(stored, '10.1f')} {_num(resident, '12.1f')} "
                      f"{_num(q.get('last_logits_rel_error'), '22.4f')} "
                      f"{_num(q.get('top1_agreement'), '11.3f')}")
     if result.get("errors"):

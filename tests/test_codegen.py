@@ -30,7 +30,7 @@ def test_source_is_one_readable_kernel(name):
     program = template.build(**constants)
     cuda = generate_cuda(program)
     assert cuda.source.count('extern "C" __global__') == 1
-    hint = f", {program.min_blocks}" if program.min_blocks > 1 else ""
+    hint = f", {program.min_blocks}" if program.min_blocks is not None else ""
     assert f"__launch_bounds__({program.num_threads}{hint})" in cuda.source
     # a comment naming every VM instruction
     for inst in program.instructions():
@@ -97,7 +97,8 @@ def test_a_tile_in_freed_space_is_allocated_behind_a_barrier():
 
 
 def test_min_blocks_hint_reaches_launch_bounds_and_is_checked():
-    """vm.set_min_blocks is __launch_bounds__'s second argument; bad values are named."""
+    """vm.set_min_blocks is __launch_bounds__'s second argument (1 included: it lifts
+    ptxas's own register cap); without the call there is none; bad values are named."""
     def body(y, n_blocks):
         vm.set_warps(4)
         vm.set_min_blocks(n_blocks)
@@ -113,7 +114,17 @@ def test_min_blocks_hint_reaches_launch_bounds_and_is_checked():
     program = hinted.build()
     assert program.min_blocks == 5
     assert "__launch_bounds__(128, 5)" in generate_cuda(program).source
-    assert "__launch_bounds__(128)" in generate_cuda(hinted.build(n_blocks=1)).source
+    assert "__launch_bounds__(128, 1)" in generate_cuda(hinted.build(n_blocks=1)).source
+
+    @vm.program
+    def unhinted(y: vm.ptr[vm.float32]):
+        vm.set_warps(4)
+        vm.set_grid(1)
+        vm.store_global(vm.global_view(y, [128]),
+                        vm.register_tensor(vm.float32, [128], vm.spatial(128), init=1.0), [0])
+
+    assert unhinted.build().min_blocks is None
+    assert "__launch_bounds__(128)" in generate_cuda(unhinted.build()).source
     with pytest.raises(LowvmError, match=r"set_min_blocks: n must be an integer in \[1, 32\], "
                        r"got 0"):
         hinted.build(n_blocks=0)

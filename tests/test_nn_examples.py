@@ -51,6 +51,7 @@ def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
         ("float16", 2, "loop"), ("int4", 2, "loop")]  # CPU default modes: eager, loop
     for r in rows:
         assert r["decode_tokens_per_s"] > 0 and r["e2e_tokens_per_s"] > 0
+        assert r["attention"] == ("lowvm" if r["model"] == "int4" else "sdpa")
         assert r["full_s"] > r["prefill_s"] > 0 and len(r["runs_full_s"]) == 1
     for r in rows[2:4] + rows[6:]:  # the loop's greedy tokens start like generate's
         assert r["leading_tokens_equal"]["eager"] >= 1 and r["cuda_graph"] is False
@@ -58,7 +59,7 @@ def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
     assert 0.0 < int4["quality"]["last_logits_rel_error"] < 1.0
     assert result["errors"] == []
     table = capsys.readouterr().out.rsplit("device:", 1)[1]  # the table is printed last
-    int4_b2 = next(line for line in table.splitlines() if line.startswith("int4         2"))
+    int4_b2 = next(line for line in table.splitlines() if line.startswith(f"{'int4':12s} {2:5d}"))
     want = rows[5]["decode_tokens_per_s"] / rows[4]["decode_tokens_per_s"]
     assert f"{want:7.2f}" in int4_b2  # speed-up over float16 at the same batch and mode
 

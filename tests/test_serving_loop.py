@@ -227,7 +227,7 @@ def test_example_loop_rows_beside_eager_and_graphs(tmp_path, monkeypatch, capsys
     assert loop["cuda_graph"] is False and loop["loop_build_s"] is None
     assert loop["forward_ms"] > 0
     table = capsys.readouterr().out.rsplit("device:", 1)[1]
-    assert any(line.startswith("int4         2 loop") for line in table.splitlines())
+    assert any(line.startswith(f"{'int4':12s}     2 loop") for line in table.splitlines())
 
 
 @pytest.mark.gpu

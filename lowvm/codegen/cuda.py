@@ -106,7 +106,7 @@ def generate_cuda(program: Program) -> CudaSource:
     name = f"lowvm_{program.name}_{digest}"
     consts = ", ".join(f"{k}={v}" for k, v in program.constants)
     bounds = f"{program.num_threads}" + (
-        f", {program.min_blocks}" if program.min_blocks > 1 else "")
+        f", {program.min_blocks}" if program.min_blocks is not None else "")
     header = [
         f"// lowvm program {program.name}" + (f" [{consts}]" if consts else ""),
         f"// grid [{', '.join(str(g) for g in program.grid)}], {program.num_threads} threads, "

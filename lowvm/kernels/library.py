@@ -30,7 +30,7 @@ from lowvm.kernels.quant_gemm import finish_split, finish_split_bf16, quant_gemm
 from lowvm.kernels.weight_format import repack_weights
 
 __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "WEIGHT_BN",
-           "overlapped_launches",
+           "overlapped_launches", "overlap_enabled",
            "tuned_schedule",
            "fits_float16",
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
@@ -462,7 +462,7 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     m, n, k = x.shape[0], weight.n, weight.k
     # a first bfloat16 call casts the scales (and zeros) right before the GEMM, which
     # reads them before its wait: that launch must not overlap the cast
-    overlap = getattr(_OVERLAP, "on", False) and weight.holds(x.dtype)
+    overlap = overlap_enabled() and weight.holds(x.dtype)
     scales, zeros = weight.for_dtype(x.dtype)
     gemm, finish, tile_rows = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
                                       schedule)
@@ -557,12 +557,18 @@ def overlapped_launches(enabled: bool = True) -> Iterator[None]:
     cast is the kernel right before it), and ``weights_shared`` schedules wait before any
     load. For capturing decode steps in CUDA graphs, where small kernels' launch gaps add up.
     """
-    before = getattr(_OVERLAP, "on", False)
+    before = overlap_enabled()
     _OVERLAP.on = bool(enabled)
     try:
         yield
     finally:
         _OVERLAP.on = before
+
+
+def overlap_enabled() -> bool:
+    """Whether this thread is inside :func:`overlapped_launches` (for other kernels that
+    wait for the previous one themselves, e.g. :mod:`lowvm.nn.attention`'s)."""
+    return bool(getattr(_OVERLAP, "on", False))
 
 
 def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:

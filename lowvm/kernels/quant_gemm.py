@@ -133,7 +133,8 @@ def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     vm.set_warps(warps_m * warps_n)
-    vm.set_min_blocks(min_blocks)
+    if min_blocks > 1:  # (1: no hint, as the schedules were measured)
+        vm.set_min_blocks(min_blocks)
     vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, rows))
     col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * rows
     n_tiles = n // bn

@@ -83,7 +83,7 @@ class Builder:
     def __init__(self, name: str, num_warps: int | None, max_shared_bytes: int) -> None:
         self.name = name
         self.num_warps = num_warps
-        self.min_blocks = 1
+        self.min_blocks: int | None = None
         self.grid: tuple | None = None
         self.max_shared_bytes = max_shared_bytes
         self.shared_in_use = 0

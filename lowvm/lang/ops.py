@@ -147,7 +147,9 @@ def set_warps(n: int) -> None:
 
 def set_min_blocks(n: int) -> None:
     """Ask the CUDA compiler to fit ``n`` blocks per SM (fewer registers per thread, maybe
-    spills): an occupancy hint for latency-bound kernels; the interpreter ignores it."""
+    spills): an occupancy hint for latency-bound kernels; the interpreter ignores it.
+    ``n = 1`` frees the registers instead: without any hint the compiler may hold a
+    kernel to fewer registers than it needs and spill."""
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 32:
         raise _fail(f"set_min_blocks: n must be an integer in [1, 32], got {n!r}")
     current().min_blocks = n

@@ -2,7 +2,8 @@
 
 ``QuantLinear`` (a low-bit ``nn.Linear``), ``quantize_model`` (replace a model's linears),
 ``LowvmConfig`` (quantize while ``from_pretrained`` loads), the GPTQ/AWQ importers and
-``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving).
+``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving) and
+``use_decode_attention`` (decode steps' attention on a VM program).
 Names load lazily so that ``import lowvm`` does not pay for torch or transformers.
 """
 
@@ -14,7 +15,8 @@ from typing import Any
 __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_gptq",
            "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
            "WeightFormatError", "LowvmFallbackWarning", "fuse_projections", "FuseReport",
-           "FuseError", "FusedGateUpMLP", "concat_out_features"]
+           "FuseError", "FusedGateUpMLP", "concat_out_features", "use_decode_attention",
+           "AttentionError"]
 
 _WHERE = {
     "QuantLinear": "lowvm.nn.quant_linear",
@@ -30,6 +32,7 @@ _WHERE = {
     "LowvmFallbackWarning": "lowvm.nn.backend",
     **dict.fromkeys(("fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
                      "concat_out_features"), "lowvm.nn.fuse"),
+    **dict.fromkeys(("use_decode_attention", "AttentionError"), "lowvm.nn.attention"),
 }
 
 

@@ -1,0 +1,117 @@
+"""One decode step of grouped-query attention: ``out = softmax(q k^T * scale + mask) v``.
+
+Why a kernel of its own: at batch 1 a Llama layer's attention over a static KV cache is
+five small launches in PyTorch (the GQA ``repeat_kv`` copies of K and V, the mask, the
+layout copies and cuDNN's prefill-shaped kernel), ~10 us per layer of which the bytes
+read need well under one. Here one block per (sequence, KV head) reads its K and V once
+and serves the whole query group, so ``repeat_kv`` never materialises.
+
+* **Orientation.** Scores are computed transposed, ``s^T[t, g] = K[t, :] . q[g, :]``, so
+  the K tile (positions x head_dim, as the cache stores it) is the MMA's A operand as it
+  lies in shared memory and the query group (``group <= 8`` heads) fills the MMA's
+  8-wide N. The output is transposed too, ``o^T[d, g] = V^T[d, :] . p^T[:, g]``: the
+  per-head softmax statistics then index the same (column) dim of the scores and of the
+  accumulator, so rescaling needs no data movement.
+* **Online softmax** over ``tile``-position steps (running max ``m``, sum ``l``),
+  float32 throughout; masked positions score ``-inf`` and the running max starts at a
+  finite ``-1e30``, so a fully masked step leaves ``acc`` and ``l`` unchanged.
+* **The mask** is the ``[batch, length]`` keep-mask (uint8, nonzero = attend) that
+  Hugging Face builds for SDPA; positions past ``length`` read as 0 (masked).
+* Blocks see their own rows through views whose row count ends at the block's last
+  row (``(block + 1) * rows``): loads past it zero-fill and stores past it are dropped,
+  so the neighbouring head's rows are never read into the padding or overwritten.
+"""
+
+from __future__ import annotations
+
+import lowvm.lang as vm
+from lowvm.kernels.mma_tiling import block_mma_layouts
+from lowvm.layouts import permute as permute_layout
+from lowvm.layouts import reduce as reduce_layout
+
+#: the MMA's N: query heads per KV head a block serves (padded up to it)
+GROUP_MAX = 8
+#: positions per step (4 warps x one 16-row MMA tile)
+TILE = 64
+#: head dims the orientation fits (4 warps x 16 rows of the output MMA)
+HEAD_DIMS = (64, 128, 192, 256)
+
+
+@vm.program(warps=4)
+def decode_attention(batch: vm.int32, length: vm.int32, q: vm.ptr[vm.float16],
+                     k: vm.ptr[vm.float16], v: vm.ptr[vm.float16], mask: vm.ptr[vm.uint8],
+                     out: vm.ptr[vm.float16], scale: vm.float32, kv_heads: int = 8,
+                     group: int = 4, head_dim: int = 128, stages: int = 2):
+    """``q [batch*kv_heads*group, head_dim]`` (heads of a group adjacent, as Hugging Face
+    orders them), ``k``/``v`` ``[batch*kv_heads, length, head_dim]``, ``mask
+    [batch, length]``, ``out`` like ``q``; ``scale`` multiplies the scores."""
+    _body(batch, length, q, k, v, mask, out, scale, vm.float16, kv_heads, group, head_dim,
+          stages)
+
+
+@vm.program(warps=4)
+def decode_attention_bf16(batch: vm.int32, length: vm.int32, q: vm.ptr[vm.bfloat16],
+                          k: vm.ptr[vm.bfloat16], v: vm.ptr[vm.bfloat16],
+                          mask: vm.ptr[vm.uint8], out: vm.ptr[vm.bfloat16],
+                          scale: vm.float32, kv_heads: int = 8, group: int = 4,
+                          head_dim: int = 128, stages: int = 2):
+    """:func:`decode_attention` for bfloat16 ``q``, ``k``, ``v`` and ``out``."""
+    _body(batch, length, q, k, v, mask, out, scale, vm.bfloat16, kv_heads, group, head_dim,
+          stages)
+
+
+def _body(batch, length, q, k, v, mask, out, scale, dt, kv_heads: int, group: int,
+          head_dim: int, stages: int) -> None:
+    vm.static_assert(1 <= group <= GROUP_MAX, f"group must be 1..{GROUP_MAX}")
+    vm.static_assert(head_dim in HEAD_DIMS, f"head_dim must be one of {HEAD_DIMS}")
+    vm.set_grid(kv_heads, batch)
+    vm.set_min_blocks(1)  # no register cap: unhinted, ptxas holds it to 72 and spills
+    vm.wait_prior_grid()  # everything read below is written by the kernels before
+    seq = vm.block_index(1)
+    head = vm.let(seq * kv_heads + vm.block_index(0), "head")
+    # scores s^T [tile, 8] = K [tile, d] @ q^T [d, 8]; output o^T [d, 8] = V^T [d, tile] @ p^T
+    ls = block_mma_layouts(TILE, GROUP_MAX, head_dim, 4, 1, dt)
+    lo = block_mma_layouts(head_dim, GROUP_MAX, TILE, 4, 1, dt)
+
+    q_rows = (head + 1) * group  # this block's last query row + 1
+    gq = vm.global_view(q, [head_dim, q_rows], strides=[1, head_dim])  # q^T
+    go = vm.global_view(out, [head_dim, q_rows], strides=[1, head_dim])  # out^T
+    kv_rows = (head + 1) * length
+    gk = vm.global_view(k, [kv_rows, head_dim])
+    gv = vm.global_view(v, [kv_rows, head_dim])
+    gm = vm.global_view(mask, [(seq + 1) * length, 1], strides=[1, 1])
+    row0 = head * length
+
+    q_t = vm.load_global(gq, [0, head * group], [head_dim, GROUP_MAX], ls.b)
+    sk = vm.shared_tensor(dt, [TILE, head_dim])
+    sv = vm.shared_tensor(dt, [TILE, head_dim])
+    sp = vm.shared_tensor(dt, [TILE, GROUP_MAX])
+    acc = vm.register_tensor(vm.float32, [head_dim, GROUP_MAX], lo.c, init=0.0)
+    stat = reduce_layout(ls.c, [0], keepdims=True)
+    m = vm.register_tensor(vm.float32, [1, GROUP_MAX], stat, init=-1e30)
+    l_sum = vm.register_tensor(vm.float32, [1, GROUP_MAX], stat, init=0.0)
+    for step in vm.range(vm.cdiv(length, TILE), stages=stages):
+        t0 = step * TILE
+        vm.copy_async(sk, gk, [row0 + t0, 0])
+        vm.copy_async(sv, gv, [row0 + t0, 0])
+        vm.commit_group()
+        vm.wait_group(0)
+        vm.sync()
+        s = vm.register_tensor(vm.float32, [TILE, GROUP_MAX], ls.c, init=0.0)
+        s = vm.dot(vm.load_shared(sk, ls.a), q_t, s) * scale
+        keep = vm.load_global(gm, [seq * length + t0, 0], [TILE, 1])
+        s = vm.where(vm.ne(keep, 0), s, float("-inf"))
+        m_new = vm.maximum(m, vm.max(s, 0, keepdims=True))
+        alpha = vm.exp(m - m_new)
+        p = vm.exp(s - m_new)
+        vm.assign(l_sum, l_sum * alpha + vm.sum(p, 0, keepdims=True))
+        vm.assign(m, m_new)
+        vm.store_shared(sp, vm.cast(p, dt))
+        vm.sync()
+        v_t = vm.permute(vm.load_shared(sv, permute_layout(lo.a, [1, 0])), [1, 0])
+        vm.assign(acc, vm.dot(v_t, vm.load_shared(sp, lo.b), acc * alpha))
+        vm.sync()
+    vm.store_global(go, vm.cast(acc / l_sum, dt), [0, head * group])
+    vm.free_shared(sp)
+    vm.free_shared(sv)
+    vm.free_shared(sk)

@@ -1,0 +1,240 @@
+"""Decode attention: the VM program in the interpreter against float64 numpy, its CUDA code
+compiled for sm_80/sm_90 without spills, the transformers integration (what it routes to
+the kernel and what to SDPA), and on the GPU the kernel against float64 and a model's
+greedy tokens against SDPA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import lowvm
+from lowvm.kernels.decode_attention import decode_attention, decode_attention_bf16
+from lowvm.nn import attention as attn
+
+
+def _inputs(rng, batch, kv_heads, group, dim, length, keep):
+    q = rng.standard_normal((batch * kv_heads * group, dim))
+    k = rng.standard_normal((batch * kv_heads, length, dim))
+    v = rng.standard_normal((batch * kv_heads, length, dim))
+    mask = np.zeros((batch, length), np.uint8)
+    for b, (lo, hi) in enumerate(keep):
+        mask[b, lo:hi] = 1
+    return q, k, v, mask
+
+
+def _float64_reference(q, k, v, mask, batch, kv_heads, group, dim, length, scale):
+    qq = q.reshape(batch, kv_heads, group, dim)
+    kk, vv = k.reshape(batch, kv_heads, length, dim), v.reshape(batch, kv_heads, length, dim)
+    s = np.einsum("bhgd,bhtd->bhgt", qq, kk) * scale
+    s = np.where(mask[:, None, None, :] != 0, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("bhgt,bhtd->bhgd", p, vv).reshape(batch * kv_heads * group, dim)
+
+
+# (batch, kv_heads, group, head_dim, length, kept [lo, hi) per sequence)
+CASES = [
+    (1, 2, 4, 128, 144, [(0, 131)]),           # Llama-3 shape, a static cache part filled
+    (2, 2, 4, 64, 100, [(0, 70), (5, 100)]),   # left padding, a partial last tile
+    (1, 3, 8, 64, 64, [(0, 64)]),              # a full group of 8, one tile exactly
+    (2, 1, 1, 128, 200, [(0, 1), (0, 200)]),   # multi-head (group 1), one kept position
+    (1, 2, 3, 256, 70, [(10, 70)]),            # an odd group, the widest head
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}g{}d{}l{}".format(*c[:5]))
+@pytest.mark.parametrize("bf16", [False, True], ids=["f16", "bf16"])
+def test_interpreter_matches_float64(case, bf16):
+    batch, kv_heads, group, dim, length, keep = case
+    rng = np.random.default_rng(length)
+    q, k, v, mask = _inputs(rng, batch, kv_heads, group, dim, length, keep)
+    scale = 1 / np.sqrt(dim)
+    if bf16:
+        t = [torch.tensor(a, dtype=torch.bfloat16) for a in (q, k, v)]
+        ref = _float64_reference(*(a.double().numpy() for a in t), mask, batch, kv_heads,
+                                 group, dim, length, scale)
+        out = torch.zeros_like(t[0])
+        lowvm.interpret(decode_attention_bf16, batch, length, *t, torch.from_numpy(mask),
+                        out, scale, kv_heads=kv_heads, group=group, head_dim=dim)
+        got, tol = out.double().numpy(), 2e-2
+    else:
+        q, k, v = (a.astype(np.float16) for a in (q, k, v))
+        ref = _float64_reference(q.astype(np.float64), k.astype(np.float64),
+                                 v.astype(np.float64), mask, batch, kv_heads, group, dim,
+                                 length, scale)
+        out = np.zeros_like(q)
+        lowvm.interpret(decode_attention, batch, length, q, k, v, mask, out, scale,
+                        kv_heads=kv_heads, group=group, head_dim=dim)
+        got, tol = out.astype(np.float64), 2e-3
+    # p is rounded to the value type before the second product: error ~ its epsilon
+    assert np.isfinite(got).all()
+    assert np.abs(got - ref).max() <= tol * max(1.0, np.abs(ref).max())
+
+
+def test_the_rows_of_other_heads_are_neither_read_nor_written():
+    """Each block sees views that end at its own last row: a NaN in the next head's
+    query rows or cache does not reach this head, and the padding rows of the MMA
+    (group < 8) never overwrite the next head's output."""
+    batch, kv_heads, group, dim, length = 1, 2, 3, 64, 64
+    rng = np.random.default_rng(0)
+    q, k, v, mask = _inputs(rng, batch, kv_heads, group, dim, length, [(0, 64)])
+    q, k, v = (a.astype(np.float16) for a in (q, k, v))
+    q[group:] = np.nan
+    k[1:] = np.nan
+    v[1:] = np.nan
+    out = np.full_like(q, 7.0)
+    lowvm.interpret(decode_attention, batch, length, q, k, v, mask, out, 0.125,
+                    kv_heads=kv_heads, group=group, head_dim=dim)
+    assert np.isfinite(out[:group]).all()
+    ref = _float64_reference(q.astype(np.float64)[:group], k[:1].astype(np.float64),
+                             v[:1].astype(np.float64), mask, 1, 1, group, dim, length, 0.125)
+    assert np.abs(out[:group] - ref).max() < 2e-3
+
+
+@pytest.mark.parametrize("bad,match", [({"group": 9}, "group must be 1..8"),
+                                       ({"head_dim": 96}, "head_dim must be one of")])
+def test_unsupported_constants_are_program_errors(bad, match):
+    with pytest.raises(lowvm.LowvmError, match=match):
+        decode_attention.build(**bad)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("program,group,dim", [(decode_attention, 4, 128),
+                                               (decode_attention, 8, 64),
+                                               (decode_attention_bf16, 4, 128)])
+def test_compiles_without_spills(arch, program, group, dim):
+    from lowvm.codegen import generate_cuda
+    from lowvm.runtime import resource_usage
+
+    cuda = generate_cuda(program.build(kv_heads=8, group=group, head_dim=dim))
+    for inst in ("cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans",
+                 "mma.sync.aligned.m16n8k16", "griddepcontrol.wait"):
+        assert inst in cuda.source, inst
+    usage = resource_usage(cuda.source, arch)[cuda.kernel_name]
+    assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
+
+
+# ---- transformers integration (CPU: the op's reference math stands in for the kernel)
+
+def _tiny(attn_impl="sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=256, intermediate_size=256,
+                         num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                         head_dim=64)
+    config._attn_implementation = attn_impl
+    return LlamaForCausalLM(config).eval()
+
+
+def test_problem_names_what_the_kernel_does_not_take():
+    q, kv = torch.zeros(1, 8, 1, 128), torch.zeros(1, 2, 16, 128)
+    assert "CUDA" in attn.decode_attention_problem(q, kv, kv)
+    assert "query length 4" in attn.decode_attention_problem(torch.zeros(1, 8, 4, 128), kv, kv)
+    # the remaining rules, with the device rule out of the way
+    meta = {"device": "meta"}
+    q, kv = torch.zeros(1, 8, 1, 128, **meta), torch.zeros(1, 2, 16, 128, **meta)
+    problem = attn.decode_attention_problem
+    assert "CUDA" in problem(q, kv, kv)  # meta is not CUDA either
+    assert "dims" not in (problem(q, kv, kv) or "")
+
+
+def test_use_decode_attention_registers_and_switches(monkeypatch):
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    model = _tiny()
+    assert lowvm.use_decode_attention(model) is model
+    assert model.config._attn_implementation == "lowvm"
+    assert "lowvm" in AttentionInterface._global_mapping
+    assert "lowvm" in AttentionMaskInterface._global_mapping
+    with pytest.raises(attn.AttentionError, match="PreTrainedModel, got Linear"):
+        lowvm.use_decode_attention(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_decode_steps_reach_the_op_and_give_sdpa_tokens(monkeypatch, cache):
+    """With the device rule lifted, decode steps run the op (its float32 reference on the
+    CPU) and prefill runs SDPA; greedy tokens equal the SDPA model's."""
+    calls = []
+    real = attn.decode_attention_problem
+
+    def cpu_ok(query, key, value):
+        problem = real(query, key, value)
+        return None if problem and "CUDA" in problem else problem
+
+    def spy(q, k, v, mask, scale):
+        calls.append((tuple(q.shape), tuple(k.shape), tuple(mask.shape), mask.dtype))
+        return attn._reference(q, k, v, mask, scale)
+
+    monkeypatch.setattr(attn, "decode_attention_problem", cpu_ok)
+    monkeypatch.setattr(torch.ops.lowvm, "decode_attention", spy, raising=False)
+    ids = torch.randint(0, 128, (2, 7))
+    kwargs = {"max_new_tokens": 6, "do_sample": False,
+              "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])}
+    if cache == "static":
+        kwargs["cache_implementation"] = "static"
+    with torch.no_grad():
+        want = _tiny().generate(ids, **kwargs)
+        model = lowvm.use_decode_attention(_tiny())
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+    assert len(calls) == 2 * 5  # 2 layers x 5 decode steps (the first token is prefill's)
+    assert all(c[0] == (2, 8, 64) and c[3] == torch.uint8 for c in calls)
+    assert all(c[1][:2] == (2, 2) and c[2] == (2, c[1][2]) for c in calls)
+
+
+def test_keep_mask_accepts_bool_additive_and_none():
+    keep = torch.tensor([[True, False, True]])[:, None, None, :]
+    assert attn._keep_mask(keep, 1, 3, "cpu").tolist() == [[1, 0, 1]]
+    additive = torch.tensor([[0.0, float("-inf"), 0.0]])[:, None, None, :]
+    assert attn._keep_mask(additive, 1, 3, "cpu").tolist() == [[1, 0, 1]]
+    assert attn._keep_mask(None, 2, 3, "cpu").tolist() == [[1, 1, 1]] * 2
+
+
+def test_fake_op_traces_under_compile():
+    q, kv = torch.randn(1, 4, 64), torch.randn(1, 2, 16, 64)
+    mask = torch.ones(1, 16, dtype=torch.uint8)
+    f = torch.compile(lambda *a: torch.ops.lowvm.decode_attention(*a, 0.125), fullgraph=True,
+                      backend="eager")
+    assert torch.allclose(f(q, kv, kv, mask), attn._reference(q, kv, kv, mask, 0.125))
+
+
+# ---- GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "b{}h{}g{}d{}l{}".format(*c[:5]))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_gpu_matches_float64(case, dtype):
+    batch, kv_heads, group, dim, length, keep = case
+    rng = np.random.default_rng(length + 1)
+    q, k, v, mask = _inputs(rng, batch, kv_heads, group, dim, length, keep)
+    t = [torch.tensor(a, dtype=dtype, device="cuda") for a in (q, k, v)]
+    ref = _float64_reference(*(a.double().cpu().numpy() for a in t), mask, batch, kv_heads,
+                             group, dim, length, 1 / np.sqrt(dim))
+    out = torch.ops.lowvm.decode_attention(
+        t[0].reshape(batch, kv_heads * group, dim), t[1].reshape(batch, kv_heads, length, dim),
+        t[2].reshape(batch, kv_heads, length, dim), torch.tensor(mask, device="cuda"),
+        1 / np.sqrt(dim))
+    got = out.reshape(-1, dim).double().cpu().numpy()
+    tol = 2e-2 if dtype == torch.bfloat16 else 2e-3
+    assert np.abs(got - ref).max() <= tol * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_gpu_greedy_tokens_equal_sdpa_and_graph_capture(compiled):
+    """A float16 model with lowvm decode attention generates SDPA's greedy tokens, eager
+    and with a static cache under torch.compile (CUDA graphs)."""
+    ids = torch.randint(0, 128, (2, 9), device="cuda")
+    kwargs = {"max_new_tokens": 8, "do_sample": False}
+    if compiled:
+        kwargs.update(cache_implementation="static",
+                      compile_config=__import__("transformers").CompileConfig(fullgraph=True))
+    with torch.no_grad():
+        want = _tiny().half().cuda().generate(ids, **kwargs)
+        model = lowvm.use_decode_attention(_tiny().half().cuda())
+        got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
