@@ -95,11 +95,12 @@ def _body(batch, length, q, k, v, mask, out, scale, dt, kv_heads: int, group: in
         vm.copy_async(sk, gk, [row0 + t0, 0])
         vm.copy_async(sv, gv, [row0 + t0, 0])
         vm.commit_group()
+        # issued before the wait below, so its latency hides behind the K/V copies
+        keep = vm.load_global(gm, [seq * length + t0, 0], [TILE, 1])
         vm.wait_group(0)
         vm.sync()
         s = vm.register_tensor(vm.float32, [TILE, GROUP_MAX], ls.c, init=0.0)
         s = vm.dot(vm.load_shared(sk, ls.a), q_t, s) * scale
-        keep = vm.load_global(gm, [seq * length + t0, 0], [TILE, 1])
         s = vm.where(vm.ne(keep, 0), s, float("-inf"))
         m_new = vm.maximum(m, vm.max(s, 0, keepdims=True))
         alpha = vm.exp(m - m_new)
