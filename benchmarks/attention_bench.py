@@ -21,7 +21,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+import lowvm
 import lowvm.nn.attention as attn
+from lowvm.kernels.decode_attention import decode_attention
 
 HEADS, KV_HEADS, DIM = 32, 8, 128
 
@@ -54,6 +56,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="144,512,1024,2048,4096")
     p.add_argument("--batches", default="1,16")
+    p.add_argument("--stages", default="",
+                   help="comma-separated software-pipeline depths of the program to time "
+                        "besides the op's own (e.g. 3,4: rows lowvm_s3_us, lowvm_s4_us)")
     p.add_argument("--json")
     args = p.parse_args()
     rows = []
@@ -80,11 +85,23 @@ def main() -> None:
             def gqa_sdpa():
                 return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
 
+            variants = [("lowvm", lowvm_call), ("repeat_sdpa", repeat_sdpa),
+                        ("gqa_sdpa", gqa_sdpa)]
+            for stages in (int(x) for x in args.stages.split(",") if x):
+                program = lowvm.compile(decode_attention, kv_heads=KV_HEADS,
+                                        group=HEADS // KV_HEADS, head_dim=DIM, stages=stages)
+
+                def staged(program=program):
+                    m = attn._keep_mask(mask, batch, length, q.device)
+                    out = torch.empty(batch, HEADS, DIM, dtype=q.dtype, device=q.device)
+                    program(batch, length, q, k, v, m, out, scale)
+                    return out
+
+                variants.append((f"lowvm_s{stages}", staged))
             ref = repeat_sdpa().view(batch, HEADS, DIM).float()
             err = (lowvm_call().float() - ref).abs().max().item()
             row = {"batch": batch, "length": length, "max_abs_diff_vs_sdpa": err}
-            for name, fn in (("lowvm", lowvm_call), ("repeat_sdpa", repeat_sdpa),
-                             ("gqa_sdpa", gqa_sdpa)):
+            for name, fn in variants:
                 try:
                     row[f"{name}_us"] = graph_us(fn)
                 except Exception as exc:  # noqa: BLE001  (recorded)
@@ -92,11 +109,13 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{'batch':>5s} {'length':>6s} {'lowvm us':>9s} {'repeat+sdpa':>11s} "
-          f"{'gqa sdpa':>9s} {'max diff':>9s}")
+          f"{'gqa sdpa':>9s} {'max diff':>9s}  other variants (us)")
     for r in rows:
         print(f"{r['batch']:5d} {r['length']:6d} {r.get('lowvm_us', float('nan')):9.2f} "
               f"{r.get('repeat_sdpa_us', float('nan')):11.2f} "
-              f"{r.get('gqa_sdpa_us', float('nan')):9.2f} {r['max_abs_diff_vs_sdpa']:9.1e}")
+              f"{r.get('gqa_sdpa_us', float('nan')):9.2f} {r['max_abs_diff_vs_sdpa']:9.1e}  "
+              + " ".join(f"{k[:-3]} {v:.2f}" for k, v in r.items()
+                         if k.startswith("lowvm_s") and k.endswith("_us")))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)

@@ -135,7 +135,7 @@ def _keep_mask(attention_mask: torch.Tensor | None, batch: int, length: int,
     mask = attention_mask.expand(batch, 1, 1, length).reshape(batch, length)
     if mask.dtype != torch.bool:
         mask = mask == 0  # additive masks: 0 attends, -inf (or min) does not
-    return mask.to(torch.uint8)
+    return mask.contiguous().view(torch.uint8)  # a view, not a conversion kernel
 
 
 def lowvm_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
