@@ -83,8 +83,10 @@ def _body(batch, length, q, k, v, mask, out, scale, dt, kv_heads: int, group: in
     row0 = head * length
 
     q_t = vm.load_global(gq, [0, head * group], [head_dim, GROUP_MAX], ls.b)
-    sk = vm.shared_tensor(dt, [TILE, head_dim])
-    sv = vm.shared_tensor(dt, [TILE, head_dim])
+    # swizzled: rows of head_dim halves are >= 128 bytes apart, so ldmatrix's 8 rows would
+    # otherwise all hit the same banks (8-way conflicts on every K and V read)
+    sk = vm.shared_tensor(dt, [TILE, head_dim], vm.swizzle_128b(TILE, head_dim, dt))
+    sv = vm.shared_tensor(dt, [TILE, head_dim], vm.swizzle_128b(TILE, head_dim, dt))
     sp = vm.shared_tensor(dt, [TILE, GROUP_MAX])
     acc = vm.register_tensor(vm.float32, [head_dim, GROUP_MAX], lo.c, init=0.0)
     stat = reduce_layout(ls.c, [0], keepdims=True)
