@@ -182,7 +182,7 @@ def test_decode_steps_reach_the_op_and_give_sdpa_tokens(monkeypatch, cache):
         got = model.generate(ids, **kwargs)
     assert torch.equal(got, want)
     assert len(calls) == 2 * 5  # 2 layers x 5 decode steps (the first token is prefill's)
-    assert all(c[0] == (2, 8, 64) and c[3] == torch.uint8 for c in calls)
+    assert all(c[0] == (2, 8, 64) and c[3] == torch.bool for c in calls)
     assert all(c[1][:2] == (2, 2) and c[2] == (2, c[1][2]) for c in calls)
 
 

@@ -30,9 +30,11 @@ __all__ = ["use_decode_attention", "decode_attention", "decode_attention_problem
 
 #: the name the implementation is registered under (``config._attn_implementation``)
 ATTENTION_NAME = "lowvm"
-#: longest cache the kernel serves; one block per (sequence, KV head) walks the whole
-#: cache, so beyond this SDPA's split kernels are faster (measured, benchmarks/NOTES.md)
-MAX_LENGTH = 2048
+#: longest cache the kernel serves: the longest measured (benchmarks/NOTES.md, tenth
+#: session: faster than transformers' compiled SDPA path at every length up to it, batch 1
+#: and 16). One block per (sequence, KV head) walks the whole cache, so long caches at
+#: batch 1 use few SMs; splitting the cache over blocks is not done yet.
+MAX_LENGTH = 8192
 
 
 class AttentionError(LowvmError, ValueError):
@@ -95,8 +97,10 @@ def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int) -> A
         from lowvm.kernels.decode_attention import decode_attention_bf16 as bf16
 
         program = f16 if dtype == torch.float16 else bf16
+        # 3 K/V tiles in flight measured 2-7 % faster than 2 (head_dim 128); 256-wide
+        # heads keep 2 (3 would need 197 KB of shared memory, more than an A100 has)
         _PROGRAMS[key] = lowvm.compile(program, kv_heads=kv_heads, group=group,
-                                       head_dim=head_dim)
+                                       head_dim=head_dim, stages=3 if head_dim <= 128 else 2)
     return _PROGRAMS[key]
 
 
@@ -104,7 +108,7 @@ def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int) -> A
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """``q [batch, heads, head_dim]``, ``k``/``v`` ``[batch, kv_heads, length, head_dim]``,
-    ``mask [batch, length]`` uint8 (nonzero: attend) -> ``[batch, heads, head_dim]``:
+    ``mask [batch, length]`` bool or uint8 (nonzero: attend) -> ``[batch, heads, head_dim]``:
     ``softmax(q k^T * scale, masked) v`` per head, query head ``h`` reading KV head
     ``h // (heads // kv_heads)``. CUDA float16/bfloat16: the VM program; else float32
     reference math."""
@@ -114,6 +118,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         return _reference(q, k, v, mask, scale)
     from lowvm.kernels.library import overlap_enabled
 
+    if mask.dtype == torch.bool:  # same bytes, read as the kernel's uint8: no conversion
+        mask = mask.view(torch.uint8)
     out = torch.empty_like(q)
     program = _compiled(q.dtype, kv_heads, heads // kv_heads, dim)
     program(batch, length, q, k, v, mask, out, float(scale), overlap=overlap_enabled())
@@ -129,13 +135,13 @@ def _decode_attention_fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _keep_mask(attention_mask: torch.Tensor | None, batch: int, length: int,
                device: torch.device) -> torch.Tensor:
     """transformers' SDPA mask (bool, True = attend, or additive float) of one query
-    position as ``[batch, length]`` uint8; None attends everywhere."""
+    position as a contiguous ``[batch, length]`` bool tensor; None attends everywhere."""
     if attention_mask is None:
-        return torch.ones(batch, length, dtype=torch.uint8, device=device)
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
     mask = attention_mask.expand(batch, 1, 1, length).reshape(batch, length)
     if mask.dtype != torch.bool:
         mask = mask == 0  # additive masks: 0 attends, -inf (or min) does not
-    return mask.contiguous().view(torch.uint8)  # a view, not a conversion kernel
+    return mask.contiguous()  # bool: the op views it as uint8 (inductor cannot lower that)
 
 
 def lowvm_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
