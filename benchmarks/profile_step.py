@@ -1,13 +1,15 @@
 """Where one captured decode step's time goes, kernel by kernel (torch.profiler/CUPTI).
 
 Builds the serving example's Llama-3-8B-shaped model (random float16 weights), an int4
-g128 copy (q/k/v and gate/up fused, as the example serves it), captures each one's decode
+g128 copy (q/k/v and gate/up fused and, with ``--attention lowvm``, the default, lowvm's
+decode attention, as the example serves it), captures each one's decode
 step in a CUDA graph exactly as ``serving_examples/quantize_and_generate.py``'s loop mode
 does, replays it ``--steps`` times under the profiler and sums the GPU time per kernel
 category per step: lowvm GEMMs, cuBLAS GEMMs, attention, the rest (norms, rotary,
 residuals, argmax: inductor/triton and torch kernels). The sum is the GPU's busy time;
 the step's wall time (also printed) adds the gaps between kernels.
 Usage: python benchmarks/profile_step.py --out profile_step.json [--skip lm_head]
+[--attention sdpa] [--no-fp16] [--top 25]
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def category(name: str) -> str:
     return "other"
 
 
-def profile(loop, steps: int) -> dict:
+def profile(loop, steps: int, top_n: int) -> dict:
     """Per-step GPU µs by category and the top kernels, over ``steps`` replays."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -68,7 +70,7 @@ def profile(loop, steps: int) -> dict:
         by_cat[category(name)] += sum(times) / steps
         counts[category(name)] += len(times) / steps
     top = sorted(((sum(t) / steps, len(t) / steps, n) for n, t in per_kernel.items()),
-                 reverse=True)[:12]
+                 reverse=True)[:top_n]
     loop._prefill()
     start = time.perf_counter()
     for _ in range(steps):
@@ -85,6 +87,10 @@ def main() -> None:
     ap.add_argument("--out", default="profile_step.json")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", default="lm_head", help="layers left float16 (comma list)")
+    ap.add_argument("--attention", default="lowvm", choices=("lowvm", "sdpa"),
+                    help="the int4 model's attention (lowvm.use_decode_attention or SDPA)")
+    ap.add_argument("--no-fp16", action="store_true", help="profile the int4 model only")
+    ap.add_argument("--top", type=int, default=25, help="kernels listed per model")
     args = ap.parse_args()
     if not 1 <= args.steps <= 120:
         ap.error(f"--steps must be in [1, 120] (the static cache's room); got {args.steps}")
@@ -94,21 +100,25 @@ def main() -> None:
     skip = tuple(s for s in args.skip.split(",") if s)
     quant, _ = qg.quantized_copy(dense, "int4", 128, skip)
     lowvm.fuse_projections(quant)
+    if args.attention == "lowvm":
+        lowvm.use_decode_attention(quant)
     ids = qg.prompts(1, 16, dense.config.vocab_size, "cuda", 0)
     results = {}
-    for name, model in (("float16", dense), ("int4 g128 fused", quant)):
+    models = [] if args.no_fp16 else [("float16", dense)]
+    for name, model in (*models, (f"int4 g128 fused, {args.attention} attention", quant)):
         loop = qg.DecodeLoop(model, ids, args.steps + 8, compile_mode="default")
         loop.capture()
-        results[name] = profile(loop, args.steps)
+        results[name] = profile(loop, args.steps, args.top)
         loop.close()
         print(name, json.dumps(results[name]["by_category_us"]), flush=True)
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
-                       skip=list(skip), results=results), f, indent=1)
+                       skip=list(skip), attention=args.attention, results=results), f,
+                  indent=1)
     print("\n model             wall us  busy us  lowvm GEMM  cuBLAS GEMM  attention    other")
     for name, r in results.items():
         c = r["by_category_us"]
-        print(f" {name:<16} {r['wall_us_per_step']:8.0f} {r['busy_us_per_step']:8.0f} "
+        print(f" {name[:16]:<16} {r['wall_us_per_step']:8.0f} {r['busy_us_per_step']:8.0f} "
               + " ".join(f"{c.get(k, 0):11.0f}" for k in ("lowvm GEMM", "cuBLAS GEMM",
                                                           "attention", "other")))
     for name, r in results.items():
