@@ -387,6 +387,22 @@ def forward_ms(model: Any, ids: torch.Tensor, cache: Any, compile_cfg: CompileCo
     return 1e3 * seconds / steps
 
 
+ARGMAX_CHUNK = 1024
+
+
+def chunked_argmax(logits: torch.Tensor, chunk: int = ARGMAX_CHUNK) -> torch.Tensor:
+    """``logits.argmax(-1)`` of a ``[batch, vocab]`` tensor in two reductions: the best of
+    each ``chunk`` positions, then the best chunk. Same index (the first of equal maxima):
+    compiled, one row of a 128256-token vocabulary is otherwise a single-block reduction
+    (29 us on an H100, 1 % of an 8B model's int4 decode step)."""
+    batch, vocab = logits.shape
+    pad = -vocab % chunk
+    padded = torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
+    best, where = padded.view(batch, -1, chunk).max(-1)      # [batch, chunks]
+    pick = best.argmax(-1, keepdim=True)                     # first chunk with the max
+    return (pick * chunk + where.gather(-1, pick)).squeeze(-1)
+
+
 class DecodeLoop:
     """Greedy decoding of ``ids`` by our own loop: one prefill, then one step per token.
 
@@ -443,7 +459,7 @@ class DecodeLoop:
         """Greedy token of each row of ``logits`` [batch, vocab], as [batch, 1]."""
         if self.banned is not None:
             logits = logits.index_fill(-1, self.banned, float("-inf"))
-        return logits.argmax(-1, keepdim=True)
+        return chunked_argmax(logits).unsqueeze(-1)
 
     def _forward_pick(self, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         logits = self.model(input_ids=ids, position_ids=pos, **{self.cache_arg: self.cache},

@@ -272,3 +272,16 @@ def test_example_loop_mode_on_cuda(tmp_path, monkeypatch):
     assert loop["loop_build_s"] > 0 and loop["first_call_s"] >= loop["loop_build_s"]
     assert loop["leading_tokens_equal"]["graphs"] >= 2
     assert loop["forward_ms"] > 0 and loop["decode_tokens_per_s"] > 0
+
+
+def test_chunked_argmax_equals_argmax_with_ties_and_padding(example):
+    """The loop's greedy pick: the first index of the maximum, as torch.argmax."""
+    chunked_argmax = example["chunked_argmax"]
+    torch.manual_seed(0)
+    for vocab in (7, 1024, 1500, 128256):
+        logits = torch.randn(3, vocab).half()
+        logits[1, vocab // 2] = logits[1, -1] = 60.0  # a tie: the first one wins
+        logits[2] = 0.0  # all equal: index 0
+        got = chunked_argmax(logits)
+        assert torch.equal(got, logits.float().argmax(-1)), vocab
+        assert got[1].item() == vocab // 2 and got[2].item() == 0
