@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import lowvm
-from lowvm.kernels.decode_attention import decode_attention, decode_attention_bf16
+from lowvm.kernels.decode_attention import (decode_attention, decode_attention_bf16,
+                                            decode_attention_rope, decode_attention_rope_bf16)
 from lowvm.nn import attention as attn
 
 
@@ -103,17 +104,105 @@ def test_unsupported_constants_are_program_errors(bad, match):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("program,group,dim", [(decode_attention, 4, 128),
                                                (decode_attention, 8, 64),
-                                               (decode_attention_bf16, 4, 128)])
+                                               (decode_attention_bf16, 4, 128),
+                                               (decode_attention_rope, 4, 128),
+                                               (decode_attention_rope_bf16, 2, 256)])
 def test_compiles_without_spills(arch, program, group, dim):
     from lowvm.codegen import generate_cuda
     from lowvm.runtime import resource_usage
 
-    cuda = generate_cuda(program.build(kv_heads=8, group=group, head_dim=dim))
+    stages = 3 if dim <= 128 else 2  # as the op compiles them
+    cuda = generate_cuda(program.build(kv_heads=8, group=group, head_dim=dim, stages=stages))
     for inst in ("cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans",
                  "mma.sync.aligned.m16n8k16", "griddepcontrol.wait"):
         assert inst in cuda.source, inst
     usage = resource_usage(cuda.source, arch)[cuda.kernel_name]
     assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
+
+
+def _rope_inputs(rng, batch, kv_heads, group, dim, length, position):
+    heads = kv_heads * group
+    qkv = rng.standard_normal((batch, (heads + 2 * kv_heads) * dim)).astype(np.float16)
+    angle = rng.standard_normal((batch, dim // 2))
+    cos = np.cos(np.concatenate([angle, angle], 1)).astype(np.float16)
+    sin = np.sin(np.concatenate([angle, angle], 1)).astype(np.float16)
+    k = rng.standard_normal((batch * kv_heads, length, dim)).astype(np.float16)
+    v = rng.standard_normal((batch * kv_heads, length, dim)).astype(np.float16)
+    mask = np.zeros((batch, length), np.uint8)
+    mask[:, :position + 1] = 1
+    mask[-1, :2] = 0  # left padding in the last sequence
+    return qkv, cos, sin, k, v, mask
+
+
+def _rope_reference(qkv, cos, sin, k, v, mask, kv_heads, group, dim, position, scale):
+    """float64: rotated q and k, the caches with row ``position`` written, the output."""
+    batch, length = mask.shape
+    heads = kv_heads * group
+    x = qkv.astype(np.float64).reshape(batch, heads + 2 * kv_heads, dim)
+    c, s = cos.astype(np.float64)[:, None], sin.astype(np.float64)[:, None]
+
+    def rot(t):
+        return t * c + np.concatenate([-t[..., dim // 2:], t[..., :dim // 2]], -1) * s
+
+    kk = k.astype(np.float64).reshape(batch, kv_heads, length, dim).copy()
+    vv = v.astype(np.float64).reshape(batch, kv_heads, length, dim).copy()
+    kk[:, :, position] = rot(x[:, heads:heads + kv_heads])
+    vv[:, :, position] = x[:, heads + kv_heads:]
+    q = rot(x[:, :heads]).astype(np.float16).astype(np.float64)  # rounded, as the kernel
+    out = _float64_reference(q.reshape(-1, dim), kk.astype(np.float16).astype(np.float64),
+                             vv, mask, batch, kv_heads, group, dim, length, scale)
+    return kk, vv, out
+
+
+@pytest.mark.parametrize("case", [(1, 2, 4, 128, 144, 131), (2, 2, 3, 64, 100, 37),
+                                  (1, 1, 8, 64, 64, 63)],
+                         ids=lambda c: "b{}h{}g{}d{}l{}p{}".format(*c))
+def test_rope_program_in_the_interpreter(case):
+    """Rotary embedding of q and k, k and v written into the caches at the position (and
+    nowhere else), attention over the updated caches."""
+    from lowvm.kernels.decode_attention import decode_attention_rope
+
+    batch, kv_heads, group, dim, length, position = case
+    qkv, cos, sin, k, v, mask = _rope_inputs(np.random.default_rng(position), *case)
+    k_before, v_before = k.copy(), v.copy()
+    out = np.zeros((batch * kv_heads * group, dim), np.float16)
+    scale = 1 / np.sqrt(dim)
+    lowvm.interpret(decode_attention_rope, batch, length, qkv, cos, sin, k, v,
+                    np.array([position], np.int32), mask, out, scale, kv_heads=kv_heads,
+                    group=group, head_dim=dim)
+    kk, vv, ref = _rope_reference(qkv, cos, sin, k_before, v_before, mask, kv_heads, group,
+                                  dim, position, scale)
+    changed = np.argwhere((k != k_before).any(-1) | (v != v_before).any(-1))
+    assert set(changed[:, 1].tolist()) == {position}
+    assert np.abs(k.astype(np.float64).reshape(kk.shape) - kk).max() < 4e-3  # fp16 rounding
+    assert np.array_equal(v.astype(np.float64).reshape(vv.shape), vv)
+    assert np.abs(out.astype(np.float64) - ref).max() < 2e-3
+
+
+def test_rope_op_reference_matches_the_program():
+    """The op's CPU path (what tests without a GPU run) computes what the program does."""
+    case = (2, 2, 4, 64, 80, 50)
+    batch, kv_heads, group, dim, length, position = case
+    qkv, cos, sin, k, v, mask = _rope_inputs(np.random.default_rng(5), *case)
+    out = np.zeros((batch * kv_heads * group, dim), np.float16)
+    kp, vp = k.copy(), v.copy()
+    lowvm.interpret(attn_programs().decode_attention_rope, batch, length, qkv, cos, sin, kp,
+                    vp, np.array([position], np.int32), mask, out, 0.125, kv_heads=kv_heads,
+                    group=group, head_dim=dim)
+    kt = torch.tensor(k).view(batch, kv_heads, length, dim)
+    vt = torch.tensor(v).view(batch, kv_heads, length, dim)
+    got = torch.ops.lowvm.decode_attention_rope(
+        torch.tensor(qkv), torch.tensor(cos), torch.tensor(sin), kt, vt,
+        torch.tensor(position), torch.tensor(mask).bool(), 0.125, kv_heads * group)
+    assert (got.reshape(-1, dim).float() - torch.tensor(out).float()).abs().max() < 2e-3
+    assert (kt.reshape(kp.shape).float() - torch.tensor(kp).float()).abs().max() < 4e-3
+    assert torch.equal(vt.reshape(vp.shape), torch.tensor(vp))
+
+
+def attn_programs():
+    from lowvm.kernels import decode_attention as programs
+
+    return programs
 
 
 # ---- transformers integration (CPU: the op's reference math stands in for the kernel)
@@ -159,17 +248,17 @@ def test_decode_steps_reach_the_op_and_give_sdpa_tokens(monkeypatch, cache):
     """With the device rule lifted, decode steps run the op (its float32 reference on the
     CPU) and prefill runs SDPA; greedy tokens equal the SDPA model's."""
     calls = []
-    real = attn.decode_attention_problem
+    real = attn.shape_problem
 
-    def cpu_ok(query, key, value):
-        problem = real(query, key, value)
+    def cpu_ok(shape, dtype, device, key, value):
+        problem = real(shape, dtype, device, key, value)
         return None if problem and "CUDA" in problem else problem
 
     def spy(q, k, v, mask, scale):
         calls.append((tuple(q.shape), tuple(k.shape), tuple(mask.shape), mask.dtype))
         return attn._reference(q, k, v, mask, scale)
 
-    monkeypatch.setattr(attn, "decode_attention_problem", cpu_ok)
+    monkeypatch.setattr(attn, "shape_problem", cpu_ok)
     monkeypatch.setattr(torch.ops.lowvm, "decode_attention", spy, raising=False)
     ids = torch.randint(0, 128, (2, 7))
     kwargs = {"max_new_tokens": 6, "do_sample": False,
@@ -184,6 +273,44 @@ def test_decode_steps_reach_the_op_and_give_sdpa_tokens(monkeypatch, cache):
     assert len(calls) == 2 * 5  # 2 layers x 5 decode steps (the first token is prefill's)
     assert all(c[0] == (2, 8, 64) and c[3] == torch.bool for c in calls)
     assert all(c[1][:2] == (2, 2) and c[2] == (2, c[1][2]) for c in calls)
+
+
+def _tiny_fused(attn_impl="sdpa"):
+    """A tiny Llama (head_dim 64) quantized to int4 and fused, as the serving example runs."""
+    model = _tiny(attn_impl).half()
+    lowvm.quantize_model(model, dtype="int4", group_size=64, progress=False)
+    lowvm.fuse_projections(model)
+    return model
+
+
+def test_fused_static_decode_steps_run_the_rope_op(monkeypatch):
+    """A fused model on lowvm attention: with a static cache, each decode step of each
+    layer is one decode_attention_rope call (rotary + cache write + attention); greedy
+    tokens equal the same model on SDPA's step-by-step path."""
+    calls = []
+    real_problem, real_op = attn.shape_problem, torch.ops.lowvm.decode_attention_rope
+
+    def cpu_ok(shape, dtype, device, key, value):
+        problem = real_problem(shape, dtype, device, key, value)
+        return None if problem and "CUDA" in problem else problem
+
+    def spy(*args):
+        calls.append(int(args[5]))  # the cache row written
+        return real_op(*args)
+
+    ids = torch.randint(0, 128, (2, 7))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "cache_implementation": "static",
+              "attention_mask": torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])}
+    import warnings
+
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", lowvm.nn.LowvmFallbackWarning)
+        want = _tiny_fused().generate(ids, **kwargs)
+        monkeypatch.setattr(attn, "shape_problem", cpu_ok)
+        monkeypatch.setattr(torch.ops.lowvm, "decode_attention_rope", spy, raising=False)
+        got = lowvm.use_decode_attention(_tiny_fused()).generate(ids, **kwargs)
+    assert torch.equal(got, want)
+    assert calls == [7, 7, 8, 8, 9, 9, 10, 10, 11, 11]  # 5 steps x 2 layers, rows 7..11
 
 
 def test_keep_mask_accepts_bool_additive_and_none():
@@ -237,4 +364,44 @@ def test_gpu_greedy_tokens_equal_sdpa_and_graph_capture(compiled):
         want = _tiny().half().cuda().generate(ids, **kwargs)
         model = lowvm.use_decode_attention(_tiny().half().cuda())
         got = model.generate(ids, **kwargs)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [(1, 8, 4, 128, 144, 131), (2, 2, 3, 64, 100, 37),
+                                  (3, 2, 2, 256, 70, 0)],
+                         ids=lambda c: "b{}h{}g{}d{}l{}p{}".format(*c))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
+def test_gpu_rope_op_matches_float64(case, dtype):
+    batch, kv_heads, group, dim, length, position = case
+    arrays = _rope_inputs(np.random.default_rng(position + 3), *case)
+    qkv, cos, sin, k, v = (torch.tensor(a.astype(np.float32), dtype=dtype, device="cuda")
+                           for a in arrays[:5])
+    mask = torch.tensor(arrays[5], device="cuda").bool()
+    host = [t.float().cpu().numpy() for t in (qkv, cos, sin, k, v)]
+    kk, vv, ref = _rope_reference(*host, arrays[5], kv_heads, group, dim, position,
+                                  1 / np.sqrt(dim))
+    kc, vc = (t.view(batch, kv_heads, length, dim) for t in (k, v))
+    out = torch.ops.lowvm.decode_attention_rope(
+        qkv, cos, sin, kc, vc, torch.tensor(position, device="cuda"), mask, 1 / np.sqrt(dim),
+        kv_heads * group)
+    tol = 3e-2 if dtype == torch.bfloat16 else 4e-3
+    assert np.abs(kc.double().cpu().numpy() - kk).max() <= tol * 4
+    assert np.array_equal(vc.double().cpu().numpy(), vv)
+    got = out.reshape(-1, dim).double().cpu().numpy()
+    assert np.abs(got - ref).max() <= tol * max(1.0, np.abs(ref).max())
+
+
+@pytest.mark.gpu
+def test_gpu_fused_int4_model_rope_steps_under_cuda_graphs():
+    """The serving path: an int4 fused model on lowvm attention, static cache, compiled
+    (CUDA graphs): the rotary + cache + attention kernel gives SDPA's greedy tokens."""
+    from transformers import CompileConfig
+
+    ids = torch.randint(0, 128, (2, 9), device="cuda")
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
+              "compile_config": CompileConfig(fullgraph=True)}
+    with torch.no_grad():
+        want = _tiny_fused().cuda().generate(ids, **kwargs)
+        got = lowvm.use_decode_attention(_tiny_fused().cuda()).generate(ids, **kwargs)
     assert torch.equal(got, want)

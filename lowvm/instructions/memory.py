@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowvm.expr import Expr, const_value
+from lowvm.expr import Expr, Var, const_value
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.instructions.control import Sync
+from lowvm.dtypes import int32
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GlobalView",
     "LoadGlobal",
+    "LoadUniform",
     "StoreGlobal",
     "AllocShared",
     "FreeShared",
@@ -133,6 +135,46 @@ class LoadGlobal(Instruction):
         cg.line(f"// {self}")
         _emit_global_access(cg, self.src, self.offsets, self.out, load=True,
                             coherent=self.coherent, inbounds=bool(self.inbounds))
+
+
+@register_instruction
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LoadUniform(Instruction):
+    """Bind ``var`` to the int32 at ``src[offsets]``, which every thread reads.
+
+    For values a program must use in offsets or loop bounds but that live in device memory,
+    so that a CUDA graph replays with the current one: a decode step's cache position.
+    The element must lie inside ``src`` (the interpreter checks it, the GPU does not).
+    """
+
+    mnemonic = "load_uniform"
+    src: GlobalTensor
+    offsets: tuple[Expr, ...]
+    var: Var
+
+    def check(self) -> None:
+        _check_offsets(self, self.offsets, self.src.rank, "global tensor")
+        if self.src.dtype != int32:
+            raise self.error(f"load_uniform reads int32; %{self.src.name} is "
+                             f"{self.src.dtype.name}")
+
+    def interpret(self, st: BlockState) -> None:
+        index = np.zeros((1, 1, self.src.rank), dtype=np.int64)
+        flat, inside = _global_positions(st, self.src, self.offsets, index)
+        if not inside.all():
+            raise st.runtime_error(self, f"load_uniform at {[st.eval(o) for o in self.offsets]}"
+                                   f" is outside %{self.src.name}")
+        st.env[self.var.name] = int(st.global_buffer(self.src, self).read(flat)[0, 0])
+
+    def format_args(self) -> str:
+        return f"%{self.src.name}, offsets=[{', '.join(str(o) for o in self.offsets)}]"
+
+    def emit_cuda(self, cg: CudaContext) -> None:
+        cg.line(f"// {self.var.name} = {self}")
+        cg.line(f"int {self.var.name};")
+        with cg.block(""):  # its own scope: global_ref's index names stay local
+            ref, _ = global_ref(cg, self.src, self.offsets, ["0"] * self.src.rank)
+            cg.line(f"{self.var.name} = {ref};")
 
 
 @register_instruction

@@ -60,8 +60,86 @@ def decode_attention_bf16(batch: vm.int32, length: vm.int32, q: vm.ptr[vm.bfloat
           stages)
 
 
+@vm.program(warps=4)
+def decode_attention_rope(batch: vm.int32, length: vm.int32, qkv: vm.ptr[vm.float16],
+                          cos: vm.ptr[vm.float16], sin: vm.ptr[vm.float16],
+                          k: vm.ptr[vm.float16], v: vm.ptr[vm.float16],
+                          position: vm.ptr[vm.int32], mask: vm.ptr[vm.uint8],
+                          out: vm.ptr[vm.float16], scale: vm.float32, kv_heads: int = 8,
+                          group: int = 4, head_dim: int = 128, stages: int = 2):
+    """A whole decode step of a Llama attention after its q/k/v GEMM: the rotary embedding
+    of the step's q and k (``x cos + rotate_half(x) sin``, in float32), k and v written
+    into the caches at ``position[0]``, then :func:`decode_attention` over the caches.
+
+    ``qkv [batch, (kv_heads*group + 2*kv_heads) * head_dim]`` (q heads, then k, then v, as
+    a fused projection emits them), ``cos``/``sin [batch, head_dim]``, ``k``/``v``
+    ``[batch*kv_heads, length, head_dim]`` caches (updated in place), ``out
+    [batch*kv_heads*group, head_dim]``."""
+    _body(batch, length, None, k, v, mask, out, scale, vm.float16, kv_heads, group,
+          head_dim, stages, rope=(qkv, cos, sin, position))
+
+
+@vm.program(warps=4)
+def decode_attention_rope_bf16(batch: vm.int32, length: vm.int32, qkv: vm.ptr[vm.bfloat16],
+                               cos: vm.ptr[vm.bfloat16], sin: vm.ptr[vm.bfloat16],
+                               k: vm.ptr[vm.bfloat16], v: vm.ptr[vm.bfloat16],
+                               position: vm.ptr[vm.int32], mask: vm.ptr[vm.uint8],
+                               out: vm.ptr[vm.bfloat16], scale: vm.float32,
+                               kv_heads: int = 8, group: int = 4, head_dim: int = 128,
+                               stages: int = 2):
+    """:func:`decode_attention_rope` for bfloat16 tensors."""
+    _body(batch, length, None, k, v, mask, out, scale, vm.bfloat16, kv_heads, group,
+          head_dim, stages, rope=(qkv, cos, sin, position))
+
+
+def _rope_step(rope, seq, head, length, k, v, dt, kv_heads: int, group: int, head_dim: int,
+               ls):
+    """The rotary embedding of this block's q rows and its KV head's k, k and v written to
+    the caches at the step's position; returns q^T as the scores' MMA operand.
+
+    Every tile is ``[head_dim / 2, 8]`` seen through transposed views (8 rows of qkv from
+    the block's first one: rows past the group are computed and never stored)."""
+    qkv, cos, sin, position = rope
+    half = head_dim // 2
+    heads = kv_heads * group
+    rows = heads + 2 * kv_heads  # rows of head_dim values per sequence in qkv
+    lay = vm.spatial(16, GROUP_MAX).local(half // 16, 1)
+    pos = vm.load_uniform(vm.global_view(position, [1]), [0])
+    g_qkv = vm.global_view(qkv, [head_dim, (seq + 1) * rows], strides=[1, head_dim])
+    g_cos = vm.global_view(cos, [head_dim, seq + 1], strides=[1, head_dim])
+    g_sin = vm.global_view(sin, [head_dim, seq + 1], strides=[1, head_dim])
+    c_lo, c_hi, s_lo, s_hi = (vm.cast(vm.load_global(g, [d0, seq], [half, 1]), vm.float32)
+                              for g in (g_cos, g_sin) for d0 in (0, half))
+
+    def rotated(row):
+        lo = vm.cast(vm.load_global(g_qkv, [0, row], [half, GROUP_MAX], lay), vm.float32)
+        hi = vm.cast(vm.load_global(g_qkv, [half, row], [half, GROUP_MAX], lay), vm.float32)
+        return (vm.cast(lo * c_lo - hi * s_lo, dt), vm.cast(hi * c_hi + lo * s_hi, dt))
+
+    sq = vm.shared_tensor(dt, [head_dim, GROUP_MAX])
+    q_lo, q_hi = rotated(seq * rows + vm.block_index(0) * group)
+    vm.store_shared(sq, q_lo, [0, 0])
+    vm.store_shared(sq, q_hi, [half, 0])
+    # the caches seen transposed and ending at this step's row: columns past it (the
+    # tiles' other 7) are dropped
+    row = head * length + pos
+    k_lo, k_hi = rotated(seq * rows + heads + vm.block_index(0))
+    g_kc = vm.global_view(k, [head_dim, row + 1], strides=[1, head_dim])
+    vm.store_global(g_kc, k_lo, [0, row])
+    vm.store_global(g_kc, k_hi, [half, row])
+    v_at = seq * rows + heads + kv_heads + vm.block_index(0)
+    g_vc = vm.global_view(v, [head_dim, row + 1], strides=[1, head_dim])
+    for d0 in (0, half):
+        vm.store_global(g_vc, vm.load_global(g_qkv, [d0, v_at], [half, GROUP_MAX], lay),
+                        [d0, row])
+    vm.sync()  # q^T in shared; the cache rows written before the K/V copies read them
+    q_t = vm.load_shared(sq, ls.b)
+    vm.free_shared(sq)
+    return q_t
+
+
 def _body(batch, length, q, k, v, mask, out, scale, dt, kv_heads: int, group: int,
-          head_dim: int, stages: int) -> None:
+          head_dim: int, stages: int, rope=None) -> None:
     vm.static_assert(1 <= group <= GROUP_MAX, f"group must be 1..{GROUP_MAX}")
     vm.static_assert(head_dim in HEAD_DIMS, f"head_dim must be one of {HEAD_DIMS}")
     vm.set_grid(kv_heads, batch)
@@ -74,7 +152,6 @@ def _body(batch, length, q, k, v, mask, out, scale, dt, kv_heads: int, group: in
     lo = block_mma_layouts(head_dim, GROUP_MAX, TILE, 4, 1, dt)
 
     q_rows = (head + 1) * group  # this block's last query row + 1
-    gq = vm.global_view(q, [head_dim, q_rows], strides=[1, head_dim])  # q^T
     go = vm.global_view(out, [head_dim, q_rows], strides=[1, head_dim])  # out^T
     kv_rows = (head + 1) * length
     gk = vm.global_view(k, [kv_rows, head_dim])
@@ -82,7 +159,11 @@ def _body(batch, length, q, k, v, mask, out, scale, dt, kv_heads: int, group: in
     gm = vm.global_view(mask, [(seq + 1) * length, 1], strides=[1, 1])
     row0 = head * length
 
-    q_t = vm.load_global(gq, [0, head * group], [head_dim, GROUP_MAX], ls.b)
+    if rope is None:
+        gq = vm.global_view(q, [head_dim, q_rows], strides=[1, head_dim])  # q^T
+        q_t = vm.load_global(gq, [0, head * group], [head_dim, GROUP_MAX], ls.b)
+    else:
+        q_t = _rope_step(rope, seq, head, length, k, v, dt, kv_heads, group, head_dim, ls)
     # swizzled: rows of head_dim halves are >= 128 bytes apart, so ldmatrix's 8 rows would
     # otherwise all hit the same banks (8-way conflicts on every K and V read)
     sk = vm.shared_tensor(dt, [TILE, head_dim], vm.swizzle_128b(TILE, head_dim, dt))

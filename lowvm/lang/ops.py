@@ -68,7 +68,7 @@ from lowvm.layouts import reduce as reduce_layout
 
 __all__ = [
     "set_grid", "set_warps", "set_min_blocks", "block_index", "grid_dim", "thread_index", "cdiv",
-    "global_view", "load_global", "store_global", "atomic_add", "arrive",
+    "global_view", "load_global", "load_uniform", "store_global", "atomic_add", "arrive",
     "shared_tensor", "free_shared", "load_shared", "store_shared",
     "copy_async", "commit_group", "wait_group", "prefetch_l2",
     "register_tensor", "view", "cast", "permute", "transpose", "assign", "extract",
@@ -223,6 +223,20 @@ def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Se
                               coherent=bool(coherent), inbounds=True if inbounds else None,
                               loc=_loc()))
     return out
+
+
+def load_uniform(src: GlobalTensor, offsets: Sequence[ExprLike] | None) -> Var:
+    """The int32 at ``src[offsets]`` as a uniform runtime value, usable in offsets, views
+    and loop bounds (e.g. a cache position a CUDA graph replays with its current value)."""
+    from lowvm.instructions.memory import LoadUniform
+
+    if not isinstance(src, GlobalTensor):
+        raise _fail(f"load_uniform: src must be a global tensor, got {type(src).__name__}")
+    b = current()
+    var = Var(b.fresh("u"))
+    b.emit(LoadUniform(src=src, offsets=_offsets(offsets, src.rank, "load_uniform"), var=var,
+                       loc=_loc()))
+    return var
 
 
 def store_global(dst: GlobalTensor, src: RegisterTensor,

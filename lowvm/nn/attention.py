@@ -25,7 +25,8 @@ import torch
 from lowvm.errors import LowvmError
 from lowvm.kernels.decode_attention import GROUP_MAX, HEAD_DIMS
 
-__all__ = ["use_decode_attention", "decode_attention", "decode_attention_problem",
+__all__ = ["use_decode_attention", "decode_attention", "decode_attention_rope",
+           "fused_decode_step", "decode_attention_problem",
            "ATTENTION_NAME", "MAX_LENGTH", "AttentionError"]
 
 #: the name the implementation is registered under (``config._attn_implementation``)
@@ -47,20 +48,29 @@ def decode_attention_problem(query: torch.Tensor, key: torch.Tensor,
 
     ``query [batch, heads, q_len, head_dim]``, ``key``/``value`` ``[batch, kv_heads,
     length, head_dim]`` as transformers passes them."""
-    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
-        return (f"query must be 4-d and key/value 4-d of one shape; got query "
-                f"{list(query.shape)}, key {list(key.shape)}, value {list(value.shape)}")
-    batch, heads, q_len, head_dim = query.shape
+    if query.dim() != 4:
+        return f"query must be 4-d; got {list(query.shape)}"
+    return shape_problem(tuple(query.shape), query.dtype, query.device, key, value)
+
+
+def shape_problem(query_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                  key: torch.Tensor, value: torch.Tensor) -> str | None:
+    """:func:`decode_attention_problem` for a query not yet computed: its
+    ``[batch, heads, q_len, head_dim]``, dtype and device."""
+    if key.dim() != 4 or value.shape != key.shape:
+        return (f"key/value must be 4-d of one shape; got key {list(key.shape)}, value "
+                f"{list(value.shape)}")
+    batch, heads, q_len, head_dim = query_shape
     kv_heads, length = key.shape[1], key.shape[2]
     if q_len != 1:
         return f"query length {q_len}: the kernel serves decode steps (1 position)"
-    if not query.is_cuda:
-        return f"query on {query.device}: the kernel runs on CUDA devices"
-    if query.dtype not in (torch.float16, torch.bfloat16):
-        return f"query dtype {query.dtype}: the kernel takes float16 or bfloat16"
-    if key.dtype != query.dtype or value.dtype != query.dtype:
-        return f"key/value dtype {key.dtype}/{value.dtype} differs from query's {query.dtype}"
-    if key.device != query.device or value.device != query.device:
+    if torch.device(device).type != "cuda":
+        return f"query on {device}: the kernel runs on CUDA devices"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"query dtype {dtype}: the kernel takes float16 or bfloat16"
+    if key.dtype != dtype or value.dtype != dtype:
+        return f"key/value dtype {key.dtype}/{value.dtype} differs from query's {dtype}"
+    if key.device != torch.device(device) or value.device != torch.device(device):
         return "query, key and value are on different devices"
     if head_dim not in HEAD_DIMS or key.shape[3] != head_dim:
         return f"head_dim {head_dim}: the kernel takes {HEAD_DIMS}"
@@ -89,14 +99,15 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 _PROGRAMS: dict[tuple, Any] = {}
 
 
-def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int) -> Any:
-    key = (dtype, kv_heads, group, head_dim)
+def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int,
+              rope: bool = False) -> Any:
+    key = (dtype, kv_heads, group, head_dim, rope)
     if key not in _PROGRAMS:
         import lowvm
-        from lowvm.kernels.decode_attention import decode_attention as f16
-        from lowvm.kernels.decode_attention import decode_attention_bf16 as bf16
+        from lowvm.kernels import decode_attention as programs
 
-        program = f16 if dtype == torch.float16 else bf16
+        name = "decode_attention" + ("_rope" if rope else "")
+        program = getattr(programs, name + ("" if dtype == torch.float16 else "_bf16"))
         # 3 K/V tiles in flight measured 2-7 % faster than 2 (head_dim 128); 256-wide
         # heads keep 2 (3 would need 197 KB of shared memory, more than an A100 has)
         _PROGRAMS[key] = lowvm.compile(program, kv_heads=kv_heads, group=group,
@@ -124,6 +135,52 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     program = _compiled(q.dtype, kv_heads, heads // kv_heads, dim)
     program(batch, length, q, k, v, mask, out, float(scale), overlap=overlap_enabled())
     return out
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x cos + rotate_half(x) sin`` in float32, ``x [batch, n, dim]``, ``cos [batch, dim]``."""
+    half = x.shape[-1] // 2
+    turned = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos.float()[:, None] + turned * sin.float()[:, None]
+
+
+@torch.library.custom_op("lowvm::decode_attention_rope", mutates_args=("k_cache", "v_cache"))
+def decode_attention_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, position: torch.Tensor,
+                          mask: torch.Tensor, scale: float, heads: int) -> torch.Tensor:
+    """A decode step's attention from the fused q/k/v projection: ``qkv [batch, (heads +
+    2 kv_heads) head_dim]``, ``cos``/``sin [batch, head_dim]``, caches ``[batch, kv_heads,
+    length, head_dim]``, ``position`` (one int32/int64: the cache row this step writes, as
+    a transformers ``StaticLayer``'s ``cumulative_length``), ``mask [batch, length]``.
+    Rotates q and k, writes k and v into the caches at ``position``, returns
+    :func:`decode_attention` of the rotated q -> ``[batch, heads, head_dim]``."""
+    batch, kv_heads, length, dim = k_cache.shape
+    if not qkv.is_cuda:
+        x = qkv.float().view(batch, heads + 2 * kv_heads, dim)
+        row = int(position.reshape(-1)[0])
+        k_cache[:, :, row] = _rotated(x[:, heads:heads + kv_heads], cos, sin).to(k_cache.dtype)
+        v_cache[:, :, row] = x[:, heads + kv_heads:].to(v_cache.dtype)
+        q = _rotated(x[:, :heads], cos, sin).to(qkv.dtype)
+        return _reference(q, k_cache, v_cache, mask, scale)
+    from lowvm.kernels.library import overlap_enabled
+
+    if mask.dtype == torch.bool:
+        mask = mask.view(torch.uint8)
+    if position.dtype == torch.int64:  # little-endian: the low word comes first
+        position = position.reshape(1).view(torch.int32)
+    out = qkv.new_empty(batch, heads, dim)
+    program = _compiled(qkv.dtype, kv_heads, heads // kv_heads, dim, rope=True)
+    program(batch, length, qkv, cos, sin, k_cache, v_cache, position, mask, out, float(scale),
+            overlap=overlap_enabled())
+    return out
+
+
+@decode_attention_rope.register_fake
+def _decode_attention_rope_fake(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                                k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                position: torch.Tensor, mask: torch.Tensor, scale: float,
+                                heads: int) -> torch.Tensor:
+    return qkv.new_empty(qkv.shape[0], heads, k_cache.shape[3])
 
 
 @decode_attention.register_fake
@@ -166,6 +223,56 @@ def lowvm_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
     out = torch.ops.lowvm.decode_attention(query.reshape(batch, heads, dim).contiguous(),
                                            key.contiguous(), value.contiguous(), mask, scale)
     return out.reshape(batch, 1, heads, dim), None
+
+
+def _static_layer(cache: Any, index: int) -> Any:
+    """The cache's layer ``index`` if it is a transformers ``StaticLayer`` (its own
+    ``update``: writes at ``cumulative_length``, then adds to it), initialised; else None."""
+    from transformers.cache_utils import StaticLayer
+
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, (list, tuple)) or not 0 <= index < len(layers):
+        return None
+    layer = layers[index]
+    if (not isinstance(layer, StaticLayer) or type(layer).update is not StaticLayer.update
+            or not getattr(layer, "is_initialized", False)
+            or not isinstance(getattr(layer, "cumulative_length", None), torch.Tensor)):
+        return None
+    return layer
+
+
+def fused_decode_step(attn: torch.nn.Module, hidden_states: torch.Tensor,
+                      position_embeddings: Any, attention_mask: torch.Tensor | None,
+                      cache: Any, kwargs: dict[str, Any]) -> tuple[torch.Tensor, None] | None:
+    """The attention block of a decode step as one kernel after the q/k/v GEMM, for a
+    fused Llama-style attention (:func:`lowvm.fuse_projections`) set to ``"lowvm"``:
+    rotary embedding, the static cache's update and attention in
+    ``torch.ops.lowvm.decode_attention_rope``, then ``o_proj``. None where that does not
+    apply (the caller then runs the Hugging Face steps): not a one-token step, not a
+    ``StaticLayer`` cache, what :func:`decode_attention_problem` refuses, attention
+    weights asked for, dropout in training. Results equal the step-by-step path up to
+    rounding (the rotary embedding is computed in float32, rounded once)."""
+    if (cache is None or position_embeddings is None or hidden_states.dim() != 3
+            or hidden_states.shape[1] != 1 or kwargs.get("output_attentions", False)
+            or (attn.training and attn.attention_dropout)):
+        return None
+    layer = _static_layer(cache, attn.layer_idx)
+    if layer is None:
+        return None
+    batch, dim = hidden_states.shape[0], attn.head_dim
+    q_size, k_size, _ = attn._lowvm_qkv
+    heads = q_size // dim
+    if shape_problem((batch, heads, 1, dim), hidden_states.dtype, hidden_states.device,
+                     layer.keys, layer.values) is not None:
+        return None
+    qkv = attn.qkv_proj(hidden_states).reshape(batch, -1)
+    cos, sin = position_embeddings
+    mask = _keep_mask(attention_mask, batch, layer.keys.shape[2], hidden_states.device)
+    out = torch.ops.lowvm.decode_attention_rope(
+        qkv, cos.reshape(batch, dim), sin.reshape(batch, dim), layer.keys, layer.values,
+        layer.cumulative_length, mask, attn.scaling, heads)
+    layer.cumulative_length.add_(1)  # what StaticLayer.update does after its write
+    return attn.o_proj(out.reshape(batch, 1, heads * dim)), None
 
 
 _REGISTERED = False

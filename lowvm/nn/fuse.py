@@ -19,6 +19,11 @@ turns the 7 quantized GEMMs of a Llama-family layer into 4 (``qkv_proj``, ``o_pr
   decorators checked apart) with the versions this file was written against
   (transformers 5.17-5.23, and 5.24, which renamed the cache argument); any other is
   skipped with the reason, never run with a forward that might differ.
+* **With lowvm's attention** (:func:`lowvm.use_decode_attention`), a Llama-style block's
+  decode step on a static cache runs rotary embedding, cache update and attention as one
+  kernel after the q/k/v GEMM (:func:`lowvm.nn.attention.fused_decode_step`; the same
+  results up to rounding, the rotary embedding in float32); every other call is the
+  Hugging Face forward as above.
 * **Checkpoints stay unfused.** A fused block's ``state_dict()`` splits its buffers back
   into the original keys and tensors (so ``save_pretrained`` writes the unfused model),
   and ``load_state_dict`` of an unfused state dict merges them.
@@ -499,11 +504,19 @@ def _attention_forward(module: Any, style: _Style, api: _CacheApi) -> Callable[.
     rotary kernel, is used). ``api`` gives the cache argument's name and update call of
     the installed version, and its ``deprecate_kwarg`` (from ``module``) is repeated."""
     sliding, qk_norm = style
+    from lowvm.nn import attention
+
+    lowvm_steps = sliding is None and not qk_norm  # Llama-style: what the kernel computes
 
     def fused(self: Any, hidden_states: torch.Tensor,
               position_embeddings: tuple[torch.Tensor, torch.Tensor] | None,
               attention_mask: torch.Tensor | None, cache: Any,
               kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if lowvm_steps and self.config._attn_implementation == attention.ATTENTION_NAME:
+            step = attention.fused_decode_step(self, hidden_states, position_embeddings,
+                                               attention_mask, cache, kwargs)
+            if step is not None:  # a decode step as one kernel after the q/k/v GEMM
+                return step
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
 
