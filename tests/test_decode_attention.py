@@ -130,7 +130,7 @@ def _rope_inputs(rng, batch, kv_heads, group, dim, length, position):
     v = rng.standard_normal((batch * kv_heads, length, dim)).astype(np.float16)
     mask = np.zeros((batch, length), np.uint8)
     mask[:, :position + 1] = 1
-    mask[-1, :2] = 0  # left padding in the last sequence
+    mask[-1, :min(2, position)] = 0  # left padding in the last sequence (one kept row)
     return qkv, cos, sin, k, v, mask
 
 
@@ -369,7 +369,7 @@ def test_gpu_greedy_tokens_equal_sdpa_and_graph_capture(compiled):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [(1, 8, 4, 128, 144, 131), (2, 2, 3, 64, 100, 37),
-                                  (3, 2, 2, 256, 70, 0)],
+                                  (3, 2, 2, 256, 70, 5)],
                          ids=lambda c: "b{}h{}g{}d{}l{}p{}".format(*c))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["f16", "bf16"])
 def test_gpu_rope_op_matches_float64(case, dtype):
@@ -393,15 +393,39 @@ def test_gpu_rope_op_matches_float64(case, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_fused_int4_model_rope_steps_under_cuda_graphs():
-    """The serving path: an int4 fused model on lowvm attention, static cache, compiled
-    (CUDA graphs): the rotary + cache + attention kernel gives SDPA's greedy tokens."""
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gpu_fused_int4_model_rope_steps_under_cuda_graphs(batch):
+    """An int4 fused model on lowvm attention, static cache, generate's compiled steps
+    (inductor CUDA graphs): the rotary + cache + attention kernel gives SDPA's tokens."""
     from transformers import CompileConfig
 
-    ids = torch.randint(0, 128, (2, 9), device="cuda")
+    ids = torch.randint(0, 128, (batch, 9), device="cuda")
     kwargs = {"max_new_tokens": 8, "do_sample": False, "cache_implementation": "static",
               "compile_config": CompileConfig(fullgraph=True)}
     with torch.no_grad():
         want = _tiny_fused().cuda().generate(ids, **kwargs)
         got = lowvm.use_decode_attention(_tiny_fused().cuda()).generate(ids, **kwargs)
     assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_serving_loop_rope_steps_give_sdpa_tokens():
+    """The serving example's DecodeLoop (one CUDA graph per step) on an int4 fused model:
+    the rope kernel path gives the SDPA path's greedy tokens, batch 3 with a static cache."""
+    import runpy
+
+    example = runpy.run_path("serving_examples/quantize_and_generate.py")
+    ids = torch.randint(0, 128, (3, 7), device="cuda")
+    tokens = []
+    for lowvm_attention in (False, True):
+        model = _tiny_fused().cuda()
+        if lowvm_attention:
+            lowvm.use_decode_attention(model)
+        loop = example["DecodeLoop"](model, ids, 10, compile_mode="default")
+        try:
+            loop.capture()
+            tokens.append(loop(10))
+        finally:
+            loop.close()
+            torch._dynamo.reset()
+    assert torch.equal(tokens[1], tokens[0])
