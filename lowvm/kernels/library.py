@@ -511,12 +511,38 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
         before = (0, 0) if have is None else (have[0].numel(), have[1].numel())
         if have is not None and capture:
             _RETIRED.append(have)
-        ws = torch.zeros(max(ws_numel, 2 * before[0], 1 << 16), dtype=torch.float32,
-                         device=device)
-        counters = torch.zeros(max(tiles, 2 * before[1], 4096), dtype=torch.int32,
-                               device=device)
-        have = _SPLIT[key] = (ws, counters)
+        sizes = (max(ws_numel, 2 * before[0], 1 << 16), max(tiles, 2 * before[1], 4096))
+        have = _SPLIT[key] = (_zeros_in_capture(sizes, device) if capture
+                              else _zeros_outside_pools(sizes, device))
     return have
+
+
+def _zeros_in_capture(sizes: tuple[int, int], device: Any) -> tuple[Any, Any]:
+    import torch
+
+    return (torch.zeros(sizes[0], dtype=torch.float32, device=device),
+            torch.zeros(sizes[1], dtype=torch.int32, device=device))
+
+
+_SIDE_STREAMS: dict[Any, Any] = {}
+
+
+def _zeros_outside_pools(sizes: tuple[int, int], device: Any) -> tuple[Any, Any]:
+    """The pair allocated and zeroed on a side stream, then waited for. Outside a capture
+    the current stream's allocations may still be routed to a graph's private pool (torch
+    compile's CUDA-graph trees warm a function up that way); buffers kept across calls
+    must not live there, and the side stream's allocations are not routed."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return _zeros_in_capture(sizes, device)
+    current = torch.cuda.current_stream(device)
+    side = _SIDE_STREAMS.setdefault(device, torch.cuda.Stream(device))
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        pair = _zeros_in_capture(sizes, device)
+    current.wait_stream(side)
+    return pair
 
 
 def _stream_and_capture(device: Any) -> tuple[int, int]:
