@@ -708,10 +708,9 @@ def test_split_k_buffers_are_per_stream_and_per_graph_capture(monkeypatch):
 
 
 def test_eager_split_k_buffers_are_allocated_outside_graph_pools(monkeypatch):
-    """Outside a capture the pair comes from the side-stream allocator (torch.compile's
-    CUDA-graph trees route the current stream's allocations to their pool while warming
-    up, and a kept buffer there is a leak they refuse); inside a capture, from the
-    capture's stream."""
+    """Outside a capture the pair is allocated by a helper thread (torch.compile's
+    CUDA-graph trees route the calling thread's allocations to their pool while warming
+    up, and a kept buffer there is a leak they refuse); inside a capture, in it."""
     from lowvm.kernels import library
 
     where = {"capture": 0}
