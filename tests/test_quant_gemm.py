@@ -707,28 +707,6 @@ def test_split_k_buffers_are_per_stream_and_per_graph_capture(monkeypatch):
     assert library._split_buffers(cpu, 16, 1) is not eager  # another stream
 
 
-def test_eager_split_k_buffers_are_allocated_outside_graph_pools(monkeypatch):
-    """Outside a capture the pair is allocated by a helper thread (torch.compile's
-    CUDA-graph trees route the calling thread's allocations to their pool while warming
-    up, and a kept buffer there is a leak they refuse); inside a capture, in it."""
-    from lowvm.kernels import library
-
-    where = {"capture": 0}
-    calls = []
-    monkeypatch.setattr(library, "_stream_and_capture", lambda device: (5, where["capture"]))
-    monkeypatch.setattr(library, "_SPLIT", {})
-    monkeypatch.setattr(library, "_RETIRED", [])
-    real = library._zeros_outside_pools
-    monkeypatch.setattr(library, "_zeros_outside_pools",
-                        lambda sizes, device: calls.append(sizes) or real(sizes, device))
-    import torch
-
-    library._split_buffers(torch.device("cpu"), 1 << 17, 8)
-    where["capture"] = 3
-    library._split_buffers(torch.device("cpu"), 1 << 17, 8)
-    assert calls == [(1 << 17, 4096)]  # the eager pair only
-
-
 @pytest.mark.gpu
 def test_gpu_split_k_in_graphs_replayed_in_any_order_and_buffers_left_clean():
     """Two captured graphs of split-K GEMMs (fused at M = 1, two-kernel at M = 40),

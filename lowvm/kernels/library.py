@@ -489,7 +489,7 @@ def _finisher(s: GemmSchedule, bf16: bool) -> Any:
 #: per (device, stream, capture): a zeroed float32 workspace and int32 tile counters for
 #: split-K; every split GEMM leaves both zeroed again (``store_result``/``finish_split``)
 _SPLIT: dict[tuple, tuple[Any, Any]] = {}
-#: outgrown buffers: kernels recorded in a graph, or still queued, may use them (kept)
+#: outgrown buffers of a graph capture: kernels already recorded in it still use them
 _RETIRED: list[tuple[Any, Any]] = []
 
 
@@ -509,48 +509,14 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
     have = _SPLIT.get(key)
     if have is None or have[0].numel() < ws_numel or have[1].numel() < tiles:
         before = (0, 0) if have is None else (have[0].numel(), have[1].numel())
-        if have is not None:  # kernels queued or recorded may still use it: kept
+        if have is not None and capture:
             _RETIRED.append(have)
-        sizes = (max(ws_numel, 2 * before[0], 1 << 16), max(tiles, 2 * before[1], 4096))
-        have = _SPLIT[key] = (_zeros_in_capture(sizes, device) if capture
-                              else _zeros_outside_pools(sizes, device))
+        ws = torch.zeros(max(ws_numel, 2 * before[0], 1 << 16), dtype=torch.float32,
+                         device=device)
+        counters = torch.zeros(max(tiles, 2 * before[1], 4096), dtype=torch.int32,
+                               device=device)
+        have = _SPLIT[key] = (ws, counters)
     return have
-
-
-def _zeros_in_capture(sizes: tuple[int, int], device: Any) -> tuple[Any, Any]:
-    import torch
-
-    return (torch.zeros(sizes[0], dtype=torch.float32, device=device),
-            torch.zeros(sizes[1], dtype=torch.int32, device=device))
-
-
-def _zeros_outside_pools(sizes: tuple[int, int], device: Any) -> tuple[Any, Any]:
-    """The pair allocated and zeroed by a helper thread, which then waits for the zeroing.
-    Outside a capture this thread's allocations may still be routed to a graph's private
-    pool (torch.compile's CUDA-graph trees warm a function up that way, routing by
-    thread); buffers kept across calls must not live there."""
-    import threading
-
-    import torch
-
-    if torch.device(device).type != "cuda":
-        return _zeros_in_capture(sizes, device)
-    done: dict[str, Any] = {}
-
-    def allocate() -> None:
-        try:
-            with torch.cuda.device(device):
-                done["pair"] = _zeros_in_capture(sizes, device)
-                torch.cuda.current_stream(device).synchronize()
-        except BaseException as exc:  # noqa: BLE001  (raised again below)
-            done["error"] = exc
-
-    helper = threading.Thread(target=allocate, name="lowvm-split-buffers")
-    helper.start()
-    helper.join()
-    if "error" in done:
-        raise done["error"]
-    return done["pair"]
 
 
 def _stream_and_capture(device: Any) -> tuple[int, int]:
