@@ -436,3 +436,26 @@ def test_gpu_serving_loop_rope_steps_give_sdpa_tokens():
             loop.close()
             torch._dynamo.reset()
     assert torch.equal(tokens[1], tokens[0])
+
+
+def test_op_input_checks_name_the_argument_value_and_rule():
+    """What the CUDA path checks before any launch (the kernel reads raw memory)."""
+    cpu = torch.device("cpu")
+    t = torch.zeros(2, 8, 64, dtype=torch.float16)
+    attn._check("q", t, (-1, -1, -1), (torch.float16,), cpu)  # fine
+    cases = [(("k", t, (2, -1, 64), (torch.float16,), cpu), r"k has shape \[2, 8, 64\]"),
+             (("k", t, (2, 3, 64), (torch.float16,), cpu), r"expected \[2, 3, 64\]"),
+             (("mask", t, (2, 8, 64), (torch.bool, torch.uint8), cpu),
+              "mask has dtype torch.float16; accepted: torch.bool, torch.uint8"),
+             (("v", t.transpose(0, 1), (8, 2, 64), (torch.float16,), cpu),
+              "v must be contiguous"),
+             (("qkv", t, (2, 8, 64), (torch.float16,), torch.device("meta")),
+              "qkv is on cpu; expected meta")]
+    for args, match in cases:
+        with pytest.raises(attn.AttentionError, match=match):
+            attn._check(*args)
+    with pytest.raises(attn.AttentionError, match="groups of 1..8"):
+        attn._check_heads(36, 4, 128, 10)
+    with pytest.raises(attn.AttentionError, match="head_dim 96"):
+        attn._check_heads(32, 8, 96, 10)
+    assert issubclass(attn.AttentionError, lowvm.LowvmError)

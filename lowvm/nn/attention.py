@@ -96,6 +96,34 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return out.reshape(batch, heads, dim).to(q.dtype)
 
 
+def _check(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...],
+           device: torch.device) -> None:
+    """Raise :class:`AttentionError` naming ``name`` unless ``t`` is a contiguous tensor of
+    ``shape`` (-1: any size), one of ``dtypes``, on ``device`` (the kernel reads raw memory)."""
+    if not isinstance(t, torch.Tensor):
+        raise AttentionError(f"{name} must be a tensor, got {type(t).__name__}")
+    if len(t.shape) != len(shape) or any(w != -1 and g != w for g, w in zip(t.shape, shape)):
+        want = ", ".join("*" if w == -1 else str(w) for w in shape)
+        raise AttentionError(f"{name} has shape {list(t.shape)}; expected [{want}]")
+    if t.dtype not in dtypes:
+        raise AttentionError(f"{name} has dtype {t.dtype}; accepted: "
+                             f"{', '.join(str(d) for d in dtypes)}")
+    if t.device != device:
+        raise AttentionError(f"{name} is on {t.device}; expected {device} (where q is)")
+    if not t.is_contiguous():
+        raise AttentionError(f"{name} must be contiguous (strides {list(t.stride())})")
+
+
+def _check_heads(heads: int, kv_heads: int, dim: int, length: int) -> None:
+    if kv_heads < 1 or heads % kv_heads or not 1 <= heads // kv_heads <= GROUP_MAX:
+        raise AttentionError(f"{heads} query heads over {kv_heads} KV heads: the kernel "
+                             f"takes groups of 1..{GROUP_MAX} query heads per KV head")
+    if dim not in HEAD_DIMS:
+        raise AttentionError(f"head_dim {dim}: the kernel takes {HEAD_DIMS}")
+    if length < 1:
+        raise AttentionError(f"cache length {length}: at least 1 position needed")
+
+
 _PROGRAMS: dict[tuple, Any] = {}
 
 
@@ -129,6 +157,13 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         return _reference(q, k, v, mask, scale)
     from lowvm.kernels.library import overlap_enabled
 
+    floats = (torch.float16, torch.bfloat16)
+    _check("q", q, (-1, -1, -1), floats, q.device)
+    _check("k", k, (batch, -1, -1, dim), (q.dtype,), q.device)
+    _check("v", v, tuple(k.shape), (q.dtype,), q.device)
+    _check("mask", mask, (batch, length), (torch.bool, torch.uint8), q.device)
+    _check_heads(heads, kv_heads, dim, length)
+
     if mask.dtype == torch.bool:  # same bytes, read as the kernel's uint8: no conversion
         mask = mask.view(torch.uint8)
     out = torch.empty_like(q)
@@ -155,7 +190,7 @@ def decode_attention_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     Rotates q and k, writes k and v into the caches at ``position``, returns
     :func:`decode_attention` of the rotated q -> ``[batch, heads, head_dim]``."""
     batch, kv_heads, length, dim = k_cache.shape
-    if not qkv.is_cuda:
+    if not qkv.is_cuda and not k_cache.is_cuda:
         x = qkv.float().view(batch, heads + 2 * kv_heads, dim)
         row = int(position.reshape(-1)[0])
         k_cache[:, :, row] = _rotated(x[:, heads:heads + kv_heads], cos, sin).to(k_cache.dtype)
@@ -164,6 +199,15 @@ def decode_attention_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
         return _reference(q, k_cache, v_cache, mask, scale)
     from lowvm.kernels.library import overlap_enabled
 
+    floats = (torch.float16, torch.bfloat16)
+    _check("k_cache", k_cache, (-1, -1, -1, -1), floats, qkv.device)
+    _check("qkv", qkv, (batch, (heads + 2 * kv_heads) * dim), (k_cache.dtype,), qkv.device)
+    for name, t in (("cos", cos), ("sin", sin)):
+        _check(name, t, (batch, dim), (k_cache.dtype,), qkv.device)
+    _check("v_cache", v_cache, tuple(k_cache.shape), (k_cache.dtype,), qkv.device)
+    _check("position", position.reshape(-1), (1,), (torch.int32, torch.int64), qkv.device)
+    _check("mask", mask, (batch, length), (torch.bool, torch.uint8), qkv.device)
+    _check_heads(heads, kv_heads, dim, length)
     if mask.dtype == torch.bool:
         mask = mask.view(torch.uint8)
     if position.dtype == torch.int64:  # little-endian: the low word comes first
