@@ -443,7 +443,8 @@ def test_op_input_checks_name_the_argument_value_and_rule():
     cpu = torch.device("cpu")
     t = torch.zeros(2, 8, 64, dtype=torch.float16)
     attn._check("q", t, (-1, -1, -1), (torch.float16,), cpu)  # fine
-    cases = [(("k", t, (2, -1, 64), (torch.float16,), cpu), r"k has shape \[2, 8, 64\]"),
+    cases = [(("k", t, (3, -1, 64), (torch.float16,), cpu),
+              r"k has shape \[2, 8, 64\]; expected \[3, \*, 64\]"),
              (("k", t, (2, 3, 64), (torch.float16,), cpu), r"expected \[2, 3, 64\]"),
              (("mask", t, (2, 8, 64), (torch.bool, torch.uint8), cpu),
               "mask has dtype torch.float16; accepted: torch.bool, torch.uint8"),
