@@ -52,6 +52,52 @@ def graph_us(fn, calls: int = 50, replays: int = 10) -> float:
     return statistics.median(times)
 
 
+def measure(batch: int, length: int, stages: list[int]) -> dict:
+    """One row: every variant's microseconds per call at this batch and cache length."""
+    torch.manual_seed(0)
+    q = torch.randn(batch, HEADS, 1, DIM, dtype=torch.float16, device="cuda")
+    k, v = (torch.randn(batch, KV_HEADS, length, DIM, dtype=torch.float16, device="cuda")
+            for _ in range(2))
+    mask = torch.zeros(batch, 1, 1, length, dtype=torch.bool, device="cuda")
+    mask[..., : length - 13] = True  # a static cache with its last slots empty
+    scale = DIM ** -0.5
+
+    def lowvm_call():
+        m = attn._keep_mask(mask, batch, length, q.device)
+        return torch.ops.lowvm.decode_attention(q.view(batch, HEADS, DIM), k, v, m, scale)
+
+    def repeat_sdpa():
+        kr = k.repeat_interleave(HEADS // KV_HEADS, 1)
+        vr = v.repeat_interleave(HEADS // KV_HEADS, 1)
+        return F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=scale)
+
+    def gqa_sdpa():
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+
+    def staged(program):
+        def call():
+            m = attn._keep_mask(mask, batch, length, q.device)
+            out = torch.empty(batch, HEADS, DIM, dtype=q.dtype, device=q.device)
+            program(batch, length, q, k, v, m, out, scale)
+            return out
+        return call
+
+    variants = [("lowvm", lowvm_call), ("repeat_sdpa", repeat_sdpa), ("gqa_sdpa", gqa_sdpa)]
+    for depth in stages:
+        program = lowvm.compile(decode_attention, kv_heads=KV_HEADS, group=HEADS // KV_HEADS,
+                                head_dim=DIM, stages=depth)
+        variants.append((f"lowvm_s{depth}", staged(program)))
+    ref = repeat_sdpa().view(batch, HEADS, DIM).float()
+    err = (lowvm_call().float() - ref).abs().max().item()
+    row = {"batch": batch, "length": length, "max_abs_diff_vs_sdpa": err}
+    for name, fn in variants:
+        try:
+            row[f"{name}_us"] = graph_us(fn)
+        except Exception as exc:  # noqa: BLE001  (recorded)
+            row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+    return row
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", default="144,512,1024,2048,4096")
@@ -61,53 +107,12 @@ def main() -> None:
                         "besides the op's own (e.g. 3,4: rows lowvm_s3_us, lowvm_s4_us)")
     p.add_argument("--json")
     args = p.parse_args()
+    stages = [int(x) for x in args.stages.split(",") if x]
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
         for length in (int(n) for n in args.lengths.split(",")):
-            torch.manual_seed(0)
-            q = torch.randn(batch, HEADS, 1, DIM, dtype=torch.float16, device="cuda")
-            k, v = (torch.randn(batch, KV_HEADS, length, DIM, dtype=torch.float16,
-                                device="cuda") for _ in range(2))
-            mask = torch.zeros(batch, 1, 1, length, dtype=torch.bool, device="cuda")
-            mask[..., : length - 13] = True  # a static cache with its last slots empty
-            scale = DIM ** -0.5
-
-            def lowvm_call():
-                m = attn._keep_mask(mask, batch, length, q.device)
-                return torch.ops.lowvm.decode_attention(q.view(batch, HEADS, DIM), k, v, m,
-                                                        scale)
-
-            def repeat_sdpa():
-                kr = k.repeat_interleave(HEADS // KV_HEADS, 1)
-                vr = v.repeat_interleave(HEADS // KV_HEADS, 1)
-                return F.scaled_dot_product_attention(q, kr, vr, attn_mask=mask, scale=scale)
-
-            def gqa_sdpa():
-                return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
-
-            variants = [("lowvm", lowvm_call), ("repeat_sdpa", repeat_sdpa),
-                        ("gqa_sdpa", gqa_sdpa)]
-            for stages in (int(x) for x in args.stages.split(",") if x):
-                program = lowvm.compile(decode_attention, kv_heads=KV_HEADS,
-                                        group=HEADS // KV_HEADS, head_dim=DIM, stages=stages)
-
-                def staged(program=program):
-                    m = attn._keep_mask(mask, batch, length, q.device)
-                    out = torch.empty(batch, HEADS, DIM, dtype=q.dtype, device=q.device)
-                    program(batch, length, q, k, v, m, out, scale)
-                    return out
-
-                variants.append((f"lowvm_s{stages}", staged))
-            ref = repeat_sdpa().view(batch, HEADS, DIM).float()
-            err = (lowvm_call().float() - ref).abs().max().item()
-            row = {"batch": batch, "length": length, "max_abs_diff_vs_sdpa": err}
-            for name, fn in variants:
-                try:
-                    row[f"{name}_us"] = graph_us(fn)
-                except Exception as exc:  # noqa: BLE001  (recorded)
-                    row[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            rows.append(measure(batch, length, stages))
+            print(json.dumps(rows[-1]), flush=True)
     print(f"\n{'batch':>5s} {'length':>6s} {'lowvm us':>9s} {'repeat+sdpa':>11s} "
           f"{'gqa sdpa':>9s} {'max diff':>9s}  other variants (us)")
     for r in rows:

@@ -10,8 +10,12 @@ import pytest
 import torch
 
 import lowvm
-from lowvm.kernels.decode_attention import (decode_attention, decode_attention_bf16,
-                                            decode_attention_rope, decode_attention_rope_bf16)
+from lowvm.kernels.decode_attention import (
+    decode_attention,
+    decode_attention_bf16,
+    decode_attention_rope,
+    decode_attention_rope_bf16,
+)
 from lowvm.nn import attention as attn
 
 

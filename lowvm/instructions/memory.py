@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lowvm.dtypes import int32
 from lowvm.expr import Expr, Var, const_value
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.instructions.control import Sync
-from lowvm.dtypes import int32
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
 
 if TYPE_CHECKING:
