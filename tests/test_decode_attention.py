@@ -464,3 +464,46 @@ def test_op_input_checks_name_the_argument_value_and_rule():
     with pytest.raises(attn.AttentionError, match="head_dim 96"):
         attn._check_heads(32, 8, 96, 10)
     assert issubclass(attn.AttentionError, lowvm.LowvmError)
+
+
+def test_rope_program_writes_nothing_when_the_cache_is_full():
+    """A position past the cache (HF's index_copy_ would raise; a kernel cannot): the
+    views end at the head's last row, so no row of this or the next head is written."""
+    from lowvm.kernels.decode_attention import decode_attention_rope
+
+    batch, kv_heads, group, dim, length = 1, 2, 4, 64, 64
+    qkv, cos, sin, k, v, mask = _rope_inputs(np.random.default_rng(9), batch, kv_heads, group,
+                                             dim, length, length - 1)
+    k_before, v_before = k.copy(), v.copy()
+    out = np.zeros((batch * kv_heads * group, dim), np.float16)
+    lowvm.interpret(decode_attention_rope, batch, length, qkv, cos, sin, k, v,
+                    np.array([length], np.int32), mask, out, 0.125, kv_heads=kv_heads,
+                    group=group, head_dim=dim)
+    assert np.array_equal(k, k_before) and np.array_equal(v, v_before)
+
+
+def test_fused_step_broadcasts_position_embeddings_and_skips_offloaded_caches(monkeypatch):
+    """Without position_ids transformers builds cos/sin of batch 1 for any batch; an
+    offloaded static cache moves layers in update(), which the fused step would skip."""
+    real_problem = attn.shape_problem
+
+    def cpu_ok(shape, dtype, device, key, value):
+        problem = real_problem(shape, dtype, device, key, value)
+        return None if problem and "CUDA" in problem else problem
+
+    from transformers import StaticCache
+
+    ids = torch.randint(0, 128, (2, 6))
+    logits = []
+    with torch.no_grad():
+        for lowvm_attention in (False, True):
+            model = _tiny_fused()
+            if lowvm_attention:
+                lowvm.use_decode_attention(model)
+                monkeypatch.setattr(attn, "shape_problem", cpu_ok)
+            cache = StaticCache(config=model.config, max_cache_len=12)
+            model(input_ids=ids, past_key_values=cache, use_cache=True)
+            step = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)
+            logits.append(step.logits.float())
+    assert (logits[1] - logits[0]).abs().max() < 1e-2
+    assert attn._static_layer(type("Offloaded", (), {"offloading": True})(), 0) is None

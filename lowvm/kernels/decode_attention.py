@@ -25,6 +25,7 @@ and serves the whole query group, so ``repeat_kv`` never materialises.
 from __future__ import annotations
 
 import lowvm.lang as vm
+from lowvm.expr import minimum
 from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.layouts import permute as permute_layout
 from lowvm.layouts import reduce as reduce_layout
@@ -121,14 +122,16 @@ def _rope_step(rope, seq, head, length, k, v, dt, kv_heads: int, group: int, hea
     vm.store_shared(sq, q_lo, [0, 0])
     vm.store_shared(sq, q_hi, [half, 0])
     # the caches seen transposed and ending at this step's row: columns past it (the
-    # tiles' other 7) are dropped
+    # tiles' other 7) are dropped; so is the row itself when the position is past the
+    # cache (a full cache: nothing is written outside this head's rows)
     row = head * length + pos
+    end = minimum(row + 1, (head + 1) * length)
     k_lo, k_hi = rotated(seq * rows + heads + vm.block_index(0))
-    g_kc = vm.global_view(k, [head_dim, row + 1], strides=[1, head_dim])
+    g_kc = vm.global_view(k, [head_dim, end], strides=[1, head_dim])
     vm.store_global(g_kc, k_lo, [0, row])
     vm.store_global(g_kc, k_hi, [half, row])
     v_at = seq * rows + heads + kv_heads + vm.block_index(0)
-    g_vc = vm.global_view(v, [head_dim, row + 1], strides=[1, head_dim])
+    g_vc = vm.global_view(v, [head_dim, end], strides=[1, head_dim])
     for d0 in (0, half):
         vm.store_global(g_vc, vm.load_global(g_qkv, [d0, v_at], [half, GROUP_MAX], lay),
                         [d0, row])

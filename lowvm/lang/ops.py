@@ -227,7 +227,9 @@ def load_global(src: GlobalTensor, offsets: Sequence[ExprLike] | None, shape: Se
 
 def load_uniform(src: GlobalTensor, offsets: Sequence[ExprLike] | None) -> Var:
     """The int32 at ``src[offsets]`` as a uniform runtime value, usable in offsets, views
-    and loop bounds (e.g. a cache position a CUDA graph replays with its current value)."""
+    and loop bounds (e.g. a cache position a CUDA graph replays with its current value).
+    Every thread reads it: it must not change while the kernel runs (uniformity is what
+    barriers and shuffles after it rely on)."""
     from lowvm.instructions.memory import LoadUniform
 
     if not isinstance(src, GlobalTensor):

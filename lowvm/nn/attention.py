@@ -274,6 +274,8 @@ def _static_layer(cache: Any, index: int) -> Any:
     ``update``: writes at ``cumulative_length``, then adds to it), initialised; else None."""
     from transformers.cache_utils import StaticLayer
 
+    if getattr(cache, "offloading", False):  # update() prefetches and offloads layers
+        return None
     layers = getattr(cache, "layers", None)
     if not isinstance(layers, (list, tuple)) or not 0 <= index < len(layers):
         return None
@@ -310,7 +312,8 @@ def fused_decode_step(attn: torch.nn.Module, hidden_states: torch.Tensor,
                      layer.keys, layer.values) is not None:
         return None
     qkv = attn.qkv_proj(hidden_states).reshape(batch, -1)
-    cos, sin = position_embeddings
+    # [1, 1, dim] when the caller gave no position_ids: transformers broadcasts it
+    cos, sin = (t.expand(batch, -1, -1) for t in position_embeddings)
     mask = _keep_mask(attention_mask, batch, layer.keys.shape[2], hidden_states.device)
     out = torch.ops.lowvm.decode_attention_rope(
         qkv, cos.reshape(batch, dim), sin.reshape(batch, dim), layer.keys, layer.values,
