@@ -20,6 +20,13 @@ and serves the whole query group, so ``repeat_kv`` never materialises.
 * Blocks see their own rows through views whose row count ends at the block's last
   row (``(block + 1) * rows``): loads past it zero-fill and stores past it are dropped,
   so the neighbouring head's rows are never read into the padding or overwritten.
+* **K and V tiles** go through shared memory with the 128-byte swizzle: their rows are
+  ``head_dim`` halves (>= 128 bytes) apart, so unswizzled every ``ldmatrix`` row hit the
+  same banks (measured 2x slower per tile).
+* ``decode_attention_rope`` starts from the fused q/k/v projection instead: it applies
+  the rotary embedding to q and k, writes k and v into the caches at the step's position
+  (read on the device, :func:`vm.load_uniform`) and then attends; the rest of a Llama
+  attention's decode step in one kernel.
 """
 
 from __future__ import annotations
