@@ -238,6 +238,13 @@ def build_model(args: argparse.Namespace, device: str) -> tuple[Any, Any]:
     return init_random(random_config(args), device), None
 
 
+def shared_copy(dense: Any) -> Any:
+    """A copy of ``dense``'s module tree (and config) that shares every parameter and
+    buffer: what a variant of the model changes is then its only new memory."""
+    shared = {id(t): t for t in (*dense.parameters(), *dense.buffers())}
+    return copy.deepcopy(dense, shared)
+
+
 def quantized_copy(dense: Any, dtype: str, group_size: int, skip: tuple[str, ...]
                    ) -> tuple[Any, Any]:
     """``(model, report)``: ``dense`` with its linears quantized; ``dense`` is unchanged.
@@ -246,8 +253,7 @@ def quantized_copy(dense: Any, dtype: str, group_size: int, skip: tuple[str, ...
     copied), so the layers left dense and the embedding cost no memory twice; the
     quantized layers are the only new tensors.
     """
-    shared = {id(t): t for t in (*dense.parameters(), *dense.buffers())}
-    model = copy.deepcopy(dense, shared)
+    model = shared_copy(dense)
     report = lowvm.quantize_model(model, dtype=dtype, group_size=group_size, skip=skip,
                                   progress=False)
     return model, report
@@ -833,8 +839,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if "sdpa" in args.fp16_attentions:
             models["float16"] = dense
         if "lowvm" in args.fp16_attentions:  # shares every tensor of dense
-            shared = {id(t): t for t in (*dense.parameters(), *dense.buffers())}
-            models[FP16_LOWVM_ATTN] = lowvm.use_decode_attention(copy.deepcopy(dense, shared))
+            models[FP16_LOWVM_ATTN] = lowvm.use_decode_attention(shared_copy(dense))
             run.result["models"][FP16_LOWVM_ATTN] = {"attention": "lowvm"}
     for dtype in args.dtypes:  # all copies stay (8B: int4 + int3 + int2 add ~16 GB)
         quant = add_quantized(run, dense, dtype, probes)

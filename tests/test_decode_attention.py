@@ -234,6 +234,18 @@ def test_problem_names_what_the_kernel_does_not_take():
     assert "dims" not in (problem(q, kv, kv) or "")
 
 
+def _lift_device_rule(monkeypatch):
+    """Let the kernel paths run on the CPU: shape_problem ignores its CUDA rule only (the
+    ops then compute their float32 reference)."""
+    real = attn.shape_problem
+
+    def cpu_ok(shape, dtype, device, key, value):
+        problem = real(shape, dtype, device, key, value)
+        return None if problem and "CUDA" in problem else problem
+
+    monkeypatch.setattr(attn, "shape_problem", cpu_ok)
+
+
 def test_use_decode_attention_registers_and_switches(monkeypatch):
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -252,17 +264,12 @@ def test_decode_steps_reach_the_op_and_give_sdpa_tokens(monkeypatch, cache):
     """With the device rule lifted, decode steps run the op (its float32 reference on the
     CPU) and prefill runs SDPA; greedy tokens equal the SDPA model's."""
     calls = []
-    real = attn.shape_problem
-
-    def cpu_ok(shape, dtype, device, key, value):
-        problem = real(shape, dtype, device, key, value)
-        return None if problem and "CUDA" in problem else problem
 
     def spy(q, k, v, mask, scale):
         calls.append((tuple(q.shape), tuple(k.shape), tuple(mask.shape), mask.dtype))
         return attn._reference(q, k, v, mask, scale)
 
-    monkeypatch.setattr(attn, "shape_problem", cpu_ok)
+    _lift_device_rule(monkeypatch)
     monkeypatch.setattr(torch.ops.lowvm, "decode_attention", spy, raising=False)
     ids = torch.randint(0, 128, (2, 7))
     kwargs = {"max_new_tokens": 6, "do_sample": False,
@@ -292,11 +299,7 @@ def test_fused_static_decode_steps_run_the_rope_op(monkeypatch):
     layer is one decode_attention_rope call (rotary + cache write + attention); greedy
     tokens equal the same model on SDPA's step-by-step path."""
     calls = []
-    real_problem, real_op = attn.shape_problem, torch.ops.lowvm.decode_attention_rope
-
-    def cpu_ok(shape, dtype, device, key, value):
-        problem = real_problem(shape, dtype, device, key, value)
-        return None if problem and "CUDA" in problem else problem
+    real_op = torch.ops.lowvm.decode_attention_rope
 
     def spy(*args):
         calls.append(int(args[5]))  # the cache row written
@@ -310,7 +313,7 @@ def test_fused_static_decode_steps_run_the_rope_op(monkeypatch):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", lowvm.nn.LowvmFallbackWarning)
         want = _tiny_fused().generate(ids, **kwargs)
-        monkeypatch.setattr(attn, "shape_problem", cpu_ok)
+        _lift_device_rule(monkeypatch)
         monkeypatch.setattr(torch.ops.lowvm, "decode_attention_rope", spy, raising=False)
         got = lowvm.use_decode_attention(_tiny_fused()).generate(ids, **kwargs)
     assert torch.equal(got, want)
@@ -485,12 +488,6 @@ def test_rope_program_writes_nothing_when_the_cache_is_full():
 def test_fused_step_broadcasts_position_embeddings_and_skips_offloaded_caches(monkeypatch):
     """Without position_ids transformers builds cos/sin of batch 1 for any batch; an
     offloaded static cache moves layers in update(), which the fused step would skip."""
-    real_problem = attn.shape_problem
-
-    def cpu_ok(shape, dtype, device, key, value):
-        problem = real_problem(shape, dtype, device, key, value)
-        return None if problem and "CUDA" in problem else problem
-
     from transformers import StaticCache
 
     ids = torch.randint(0, 128, (2, 6))
@@ -500,7 +497,7 @@ def test_fused_step_broadcasts_position_embeddings_and_skips_offloaded_caches(mo
             model = _tiny_fused()
             if lowvm_attention:
                 lowvm.use_decode_attention(model)
-                monkeypatch.setattr(attn, "shape_problem", cpu_ok)
+                _lift_device_rule(monkeypatch)
             cache = StaticCache(config=model.config, max_cache_len=12)
             model(input_ids=ids, past_key_values=cache, use_cache=True)
             step = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True)

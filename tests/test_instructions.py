@@ -1170,3 +1170,29 @@ def test_two_arrivals_in_one_scope_compile_and_count():
 
         cuda = generate_cuda(two_arrivals.build())
         assert resource_usage(cuda.source, "sm_90")[cuda.kernel_name]["registers"] > 0
+
+
+def test_load_uniform_reads_one_int32_and_refuses_outside():
+    """vm.load_uniform: a device-memory int32 as a runtime scalar (here an offset); an
+    element outside its tensor is an interpreter error naming the offsets; int32 only."""
+    @vm.program(warps=4)
+    def shift(pos: vm.ptr[vm.int32], x: vm.ptr[vm.float32], y: vm.ptr[vm.float32],
+              n: vm.int32, at: int = 1):
+        vm.set_grid(1)
+        p = vm.load_uniform(vm.global_view(pos, [2]), [at])
+        t = vm.load_global(vm.global_view(x, [n]), [p], [128], vm.spatial(128))
+        vm.store_global(vm.global_view(y, [n]), t, [0])
+
+    x, y = np.arange(300, dtype=np.float32), np.zeros(300, np.float32)
+    lowvm.interpret(shift, np.array([0, 5], np.int32), x, y, 300)
+    np.testing.assert_array_equal(y[:128], x[5:133])
+    with pytest.raises(lowvm.InterpretError, match=r"load_uniform at \[2\] is outside"):
+        lowvm.interpret(shift, np.array([0, 5], np.int32), x, y, 300, at=2)
+
+    @vm.program(warps=4)
+    def wrong(pos: vm.ptr[vm.float32]):
+        vm.set_grid(1)
+        vm.load_uniform(vm.global_view(pos, [2]), [0])
+
+    with pytest.raises(lowvm.LowvmError, match="load_uniform reads int32"):
+        wrong.build()

@@ -17,7 +17,12 @@ from typing import TYPE_CHECKING
 from lowvm.dtypes import float32, int32
 from lowvm.expr import Expr, Var
 from lowvm.instructions.base import Instruction, register_instruction
-from lowvm.instructions.memory import _check_offsets, _global_positions, global_ref
+from lowvm.instructions.memory import (
+    _check_offsets,
+    _element_position,
+    _global_positions,
+    global_ref,
+)
 from lowvm.ir import GlobalTensor, RegisterTensor
 
 if TYPE_CHECKING:
@@ -98,11 +103,7 @@ class Arrive(Instruction):
     def interpret(self, st: BlockState) -> None:
         import numpy as np
 
-        index = np.zeros((1, 1, self.counter.rank), dtype=np.int64)
-        flat, inside = _global_positions(st, self.counter, self.offsets, index)
-        if not inside.all():
-            raise st.runtime_error(self, f"the counter at {[st.eval(o) for o in self.offsets]}"
-                                   f" is outside %{self.counter.name}")
+        flat = _element_position(st, self, self.counter, self.offsets, "the counter")
         count = st.eval(self.count)
         if count < 1:
             raise st.runtime_error(self, f"count must be at least 1, got {count}")

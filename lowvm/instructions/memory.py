@@ -76,6 +76,18 @@ class GlobalView(Instruction):
         cg.line(f"// {self}")
 
 
+def _element_position(st: BlockState, inst: Instruction, tensor: GlobalTensor,
+                      offsets: tuple[Expr, ...], what: str) -> np.ndarray:
+    """The ``[1, 1]`` flat position of the one element at ``offsets`` (instructions that
+    read a single element: the interpreter refuses it outside ``tensor``, naming ``what``)."""
+    index = np.zeros((1, 1, tensor.rank), dtype=np.int64)
+    flat, inside = _global_positions(st, tensor, offsets, index)
+    if not inside.all():
+        raise st.runtime_error(inst, f"{what} at {[st.eval(o) for o in offsets]} is outside "
+                                     f"%{tensor.name}")
+    return flat
+
+
 def _global_positions(
     st: BlockState, tensor: GlobalTensor, offsets: tuple[Expr, ...], table: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -159,11 +171,7 @@ class LoadUniform(Instruction):
                              f"{self.src.dtype.name}")
 
     def interpret(self, st: BlockState) -> None:
-        index = np.zeros((1, 1, self.src.rank), dtype=np.int64)
-        flat, inside = _global_positions(st, self.src, self.offsets, index)
-        if not inside.all():
-            raise st.runtime_error(self, f"load_uniform at {[st.eval(o) for o in self.offsets]}"
-                                   f" is outside %{self.src.name}")
+        flat = _element_position(st, self, self.src, self.offsets, "load_uniform")
         st.env[self.var.name] = int(st.global_buffer(self.src, self).read(flat)[0, 0])
 
     def format_args(self) -> str:
