@@ -152,6 +152,30 @@ def test_tiny_model_compile_and_cuda_graph():
         assert torch.equal(out, model(static_ids, use_cache=False).logits)
 
 
+def test_split_k_layers_under_cuda_graph_trees(monkeypatch):
+    """inductor's CUDA-graph trees (``mode="reduce-overhead"``) record decode GEMMs that
+    split K, with the library's split-K buffers first made while the trees warm up and
+    record (they must not land in the trees' pool, which refuses live tensors it did
+    not make), and replays with new inputs give eager's result."""
+    from lowvm.kernels import library
+    from lowvm.kernels.library import choose_schedule
+
+    monkeypatch.setattr(library, "_SPLIT", {})
+    torch.manual_seed(3)
+    layers = torch.nn.Sequential(torch.nn.Linear(4096, 4096, bias=False).half(),
+                                 torch.nn.Linear(4096, 1024, bias=False).half())
+    lowvm.quantize_model(layers, dtype="int4", group_size=128, skip=(), progress=False)
+    layers = layers.cuda()
+    assert choose_schedule(1, 4096, 4096, 128).split > 1
+    compiled = torch.compile(layers, mode="reduce-overhead", fullgraph=True)
+    with torch.no_grad():
+        for step in range(5):  # warm-up, recording, then replays
+            x = torch.randn(1, 4096, dtype=torch.float16, device="cuda")
+            got = compiled(x).clone()
+            want = layers(x)
+            assert torch.allclose(got, want, atol=1e-3, rtol=1e-3), step
+
+
 def test_types_beyond_float16_take_the_reference_path_with_f16_activations():
     lin = torch.nn.Linear(256, 128).half()
     layer = QuantLinear.from_linear(lin, "e5m1", group_size=64).cuda()

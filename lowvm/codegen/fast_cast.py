@@ -89,9 +89,12 @@ LOP3_AND_XOR = (0xF0 & 0xCC) ^ 0xAA
 LOP3_AND_OR = (0xF0 & 0xCC) | 0xAA
 #: ``a & b`` (c unused).
 LOP3_AND = 0xF0 & 0xCC
+#: ``c ? a : b`` bit by bit: ``(a & c) | (b & ~c)``.
+LOP3_SELECT = (0xF0 & 0xAA) | (0xCC & ~0xAA & 0xFF)
 
 _PRMT_HIGH_HALVES = 0x7632  # high half of a, high half of b
 _PRMT_SPLICE = 0x7610  # low half of a, high half of b
+_PRMT_SWAP_SPLICE = 0x5432  # high half of a, low half of b
 _F32_MAGIC = 0x4B000000  # 2^23
 
 
@@ -350,6 +353,57 @@ def _plan_int_pairs(b: _Builder, start: int) -> None:
         b.store(_int_lanes(b, a, t), l0, pair)
 
 
+def _lane_of(n: int, local: int) -> tuple[int, int, int] | None:
+    """``(word, lane, position)`` of a code that lies wholly inside one 16-bit lane of its
+    32-bit word; None for a code that straddles a lane or word boundary."""
+    k, q = divmod(local * n, 32)
+    lane, p = divmod(q, 16)
+    return (k, lane, p) if p + n <= 16 else None
+
+
+def _plan_int_matched(b: _Builder, perm: np.ndarray) -> None:
+    """Widths 3, 5, 6, 7 in the :func:`pair_span` order: destination pairs by lane match.
+
+    Where a destination pair's two codes sit at the same position ``p`` of two lanes of
+    opposite halves (words ``ka``, ``kc``; the :func:`pair_span` order makes this the
+    rule), one ``lop3`` (``ka``'s low lane, ``kc``'s high lane) or one ``prmt`` (``ka``'s
+    high lane moved down, ``kc``'s low lane moved up) splices the two words, and the
+    spliced word decodes like a whole word: one shift per ``max_t + 1`` positions, one
+    ``lop3`` and one half2 operation per pair. Other pairs (codes straddling a lane or
+    word boundary) move each code to its lane with a window and splice the two.
+    """
+    n, rec = b.rec.nbits, b.rec
+    spliced: dict[tuple[int, int], str] = {}
+    shifted: dict[tuple[str, int], str] = {}
+    for l0 in range(0, b.size, 2):
+        a, c = int(perm[l0]), int(perm[l0 + 1])
+        la, lc = _lane_of(n, a), _lane_of(n, c)
+        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
+        if la and lc and la[1] != lc[1] and la[2] == lc[2]:
+            ka, kc, p = la[0], lc[0], la[2]
+            if ka == kc and la[1] == 0:
+                word = b.word(ka)
+            else:
+                if (ka, kc) not in spliced:
+                    wa, wc = b.word(ka), b.word(kc)
+                    spliced[ka, kc] = (
+                        b.op("lop3", (wa, wc, 0x0000FFFF), (LOP3_SELECT,)) if la[1] == 0
+                        else b.op("prmt", (wa, wc), (_PRMT_SWAP_SPLICE,)))
+                word = spliced[ka, kc]
+            s = next((s for (w, s) in shifted if w == word and 0 <= p - s <= rec.max_t()),
+                     0 if p <= rec.max_t() else None)
+            if s is None:
+                s = p
+                shifted[word, s] = b.op("shr", (word,), (s,))
+            value = _int_lanes(b, shifted.get((word, s), word), p - s)
+        else:
+            low = b.window(a * n, 0, n)  # code a at lane 0, bit 0
+            high = b.window(c * n - 16, 16, 16 + n)  # code c at lane 1, bit 0
+            value = _int_lanes(b, b.op("lop3", (low, high, 0x0000FFFF), (LOP3_SELECT,)), 0)
+        b.lanes[a] = (value, 0)
+        b.lanes[c] = (value, 1)
+
+
 def _byte_pairs(b: _Builder):
     """For int8/uint8 codes: ``(word, j, l0, pair)`` for the byte pairs ``j in (0, 2)`` of
     each 32-bit word (sign bits flipped once per word for int8), locals ``l0, l0 + 1``."""
@@ -439,6 +493,8 @@ def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
         _plan_int8_bf16(b)
     elif rec.nbits == 8:
         _plan_int8_f16(b)
+    elif 16 % rec.nbits and perm is not None and pair_span(src, dst, size) is not None:
+        _plan_int_matched(b, perm)
     else:
         _plan_int_pairs(b, _plan_int_words(b))
     b.assemble(perm)
@@ -447,12 +503,16 @@ def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
 
 def pair_span(src: DType, dst: DType, size: int) -> int | None:
     """The ``span`` of :func:`lowvm.layouts.split_pairs` in which ``src`` codes decode to
-    ``dst`` register pairs with no ``prmt`` (whole-word casts of 1/2/4-bit integers), or
-    None when the plain order is already as good."""
+    ``dst`` register pairs with no ``prmt``, or None when the plain order is already as
+    good: 1/2/4-bit integers decode whole words, 3/5/6/7-bit ones two words spliced at
+    their lane boundary (:func:`_plan_int_matched`)."""
     rec = recipe(src, dst)
-    if rec is None or rec.method != "int" or 16 % rec.nbits or rec.nbits == 8:
+    if rec is None or rec.method != "int" or rec.nbits == 8:
         return None
-    span = 32 // rec.nbits
+    # codes i and i + span/2 of a run start N * span/2 bits apart: 16 modulo 32, so the
+    # same position of a low and a high lane (of one word for N = 1, 2, 4, else of two)
+    half = next(d for d in range(1, 33) if rec.nbits * d % 32 == 16)
+    span = 2 * half
     return span if size % span == 0 else None
 
 

@@ -489,7 +489,7 @@ def _finisher(s: GemmSchedule, bf16: bool) -> Any:
 #: per (device, stream, capture): a zeroed float32 workspace and int32 tile counters for
 #: split-K; every split GEMM leaves both zeroed again (``store_result``/``finish_split``)
 _SPLIT: dict[tuple, tuple[Any, Any]] = {}
-#: outgrown buffers of a graph capture: kernels already recorded in it still use them
+#: outgrown buffers: kernels recorded in a graph, or still queued, may use them (kept)
 _RETIRED: list[tuple[Any, Any]] = []
 
 
@@ -497,10 +497,14 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
     """Workspace and counters of at least these sizes for the current stream.
 
     Launches on one stream run one after another, so they share one pair. While a CUDA
-    graph is being captured the pair is the capture's own, allocated (and zeroed, by a
-    memset recorded at its first use) inside the capture: buffers allocated outside
-    could be dirtied by another graph replayed in between, or be zeroed only by the
-    recording of an earlier graph. Each replay of a graph then re-zeroes its pair first.
+    graph is being captured the pair is the capture's own, zeroed by a memset recorded
+    in the capture: a pair shared with other graphs could be dirtied by one of them
+    replayed concurrently, or be zeroed only by the recording of an earlier graph. Each
+    replay of a graph then re-zeroes its pair first.
+
+    The memory itself is never taken from a graph's private pool (:func:`_unpooled`):
+    the pair outlives the call, and torch.compile's CUDA-graph trees refuse a recording
+    that leaves live tensors in their pool which they did not create.
     """
     import torch
 
@@ -509,14 +513,50 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
     have = _SPLIT.get(key)
     if have is None or have[0].numel() < ws_numel or have[1].numel() < tiles:
         before = (0, 0) if have is None else (have[0].numel(), have[1].numel())
-        if have is not None and capture:
+        if have is not None:  # kernels queued, or recorded in a graph, may still use it
             _RETIRED.append(have)
-        ws = torch.zeros(max(ws_numel, 2 * before[0], 1 << 16), dtype=torch.float32,
-                         device=device)
-        counters = torch.zeros(max(tiles, 2 * before[1], 4096), dtype=torch.int32,
-                               device=device)
+        sizes = (max(ws_numel, 2 * before[0], 1 << 16), max(tiles, 2 * before[1], 4096))
+        ws, counters = _unpooled(sizes, device)
+        ws.zero_()  # on the current stream: run now, or recorded in the capture
+        counters.zero_()
         have = _SPLIT[key] = (ws, counters)
     return have
+
+
+def _unpooled(sizes: tuple[int, int], device: Any) -> tuple[Any, Any]:
+    """An uninitialised float32 workspace and int32 counters, allocated by a helper
+    thread: torch routes a capturing stream's allocations, and CUDA-graph trees (while
+    they warm a function up and while they record it) the allocating *thread's*, into a
+    graph's private pool; a fresh thread's are in neither. The helper launches no work
+    and runs in relaxed capture mode, so its allocation cannot invalidate a capture
+    underway in this thread."""
+    import threading
+
+    import torch
+
+    def allocate() -> tuple[Any, Any]:
+        return (torch.empty(sizes[0], dtype=torch.float32, device=device),
+                torch.empty(sizes[1], dtype=torch.int32, device=device))
+
+    if torch.device(device).type != "cuda":
+        return allocate()
+    done: dict[str, Any] = {}
+
+    def helper() -> None:
+        from lowvm.runtime.driver import relaxed_capture_mode
+
+        try:
+            with torch.cuda.device(device), relaxed_capture_mode():
+                done["pair"] = allocate()
+        except BaseException as exc:  # noqa: BLE001  (raised again in the caller)
+            done["error"] = exc
+
+    thread = threading.Thread(target=helper, name="lowvm-split-buffers")
+    thread.start()
+    thread.join()
+    if "error" in done:
+        raise done["error"]
+    return done["pair"]
 
 
 def _stream_and_capture(device: Any) -> tuple[int, int]:

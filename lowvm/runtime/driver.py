@@ -14,8 +14,9 @@ and only when no context is current on this thread retains and binds the primary
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cuda.bindings import driver as cu
@@ -146,6 +147,21 @@ def capture_id(stream: int) -> int:
     status, ident = result[1], result[2]
     active = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
     return int(ident) if status == active else 0
+
+
+@contextlib.contextmanager
+def relaxed_capture_mode() -> Iterator[None]:
+    """This thread in relaxed stream-capture mode for the block: an allocation it makes
+    (``cudaMalloc``) cannot invalidate a capture another thread has underway. The
+    previous mode is restored after."""
+    relaxed = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    previous = check(cu.cuThreadExchangeStreamCaptureMode(relaxed),
+                     "cuThreadExchangeStreamCaptureMode")
+    try:
+        yield
+    finally:
+        check(cu.cuThreadExchangeStreamCaptureMode(previous),
+              "cuThreadExchangeStreamCaptureMode")
 
 
 def stream_handle(stream: Any) -> int:
