@@ -400,13 +400,6 @@ def test_gpu_rope_op_matches_float64(case, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(reason="known bug, not of the attention: on the H100 (2026-11-25, "
-                   "benchmarks/results/pytest_gpu_h100_2026-11-25_s10_pool_check.log) the "
-                   "SDPA model of this test (`want`) already fails under generate's CUDA-graph "
-                   "trees: the split-K GEMMs' buffers (library._split_buffers), allocated "
-                   "lazily while the trees warm a function up, land in the trees' pool, which "
-                   "refuses them as untracked; the rope path under CUDA graphs is checked by "
-                   "test_gpu_serving_loop_rope_steps_give_sdpa_tokens", strict=False)
 @pytest.mark.parametrize("batch", [1, 2])
 def test_gpu_fused_int4_model_rope_steps_under_cuda_graphs(batch):
     """An int4 fused model on lowvm attention, static cache, generate's compiled steps
