@@ -42,7 +42,11 @@ order), stored with one 32-bit store into the destination array (declared
   In the plain order the whole-word casts need one ``prmt`` per pair; stored in the
   :func:`~lowvm.layouts.split_pairs` order (:func:`pair_span`) they need none, and a
   relayout cast (destination local ``l`` = source local ``perm[l]``) costs nothing more
-  than its permutation. int8/uint8 to float16 is one
+  than its permutation. Widths 3, 5, 6, 7 in that order: codes ``i`` and ``i + span/2``
+  start ``16 (mod 32)`` bits apart, so most pairs sit at one position of a low and a
+  high lane of two words; one ``lop3`` (or ``prmt``) splices the two words and the
+  spliced word decodes like a whole one (:func:`_plan_int_matched`); the few codes that
+  straddle a lane or word boundary take windows. int8/uint8 to float16 is one
   ``prmt`` with the magic bytes (``0x64``) per pair, after one XOR per word for int8.
 
 **Small floats** ``eXmY`` (``n = 1 + X + Y`` bits) to a destination with ``Ed`` exponent
