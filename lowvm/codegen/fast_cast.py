@@ -107,6 +107,19 @@ def _lanes(v: int) -> int:
     return (v & 0xFFFF) * 0x10001
 
 
+def _two_lanes(low: int, high: int) -> int:
+    """Two 16-bit patterns as the low and high halves of a 32-bit word."""
+    return (low & 0xFFFF) | (high & 0xFFFF) << 16
+
+
+#: a code's bit position in its 16-bit lane: one for both lanes, or ``(lane 0, lane 1)``
+LaneBits = int | tuple[int, int]
+
+
+def _per_lane(t: LaneBits) -> tuple[int, int]:
+    return (t, t) if isinstance(t, int) else t
+
+
 def _bits16(value: float, dst: DType) -> int:
     """The float16/bfloat16 pattern of ``value``, which must be exactly representable."""
     exact = round_to(np.array([value]), dst)
@@ -153,21 +166,27 @@ class Recipe:
         """Largest lane position of an integer code (``t + N <= P``)."""
         return self.mantissa - self.src.nbits
 
-    def int_mask(self, t: int) -> int:
-        """Both lanes' code bits, codes at lane bit ``t``."""
-        return _lanes(self.code_mask << t)
+    def int_mask(self, t: LaneBits) -> int:
+        """Both lanes' code bits, codes at lane bit ``t`` (or ``(t0, t1)``, per lane)."""
+        t0, t1 = _per_lane(t)
+        return _two_lanes(self.code_mask << t0, self.code_mask << t1)
 
-    def int_xor(self, t: int) -> int:
+    def int_xor(self, t: LaneBits) -> int:
         """Both lanes' magic exponent and flipped sign bit, codes at lane bit ``t``."""
-        return _lanes(self.magic | (self.sign_flip << t))
+        t0, t1 = _per_lane(t)
+        return _two_lanes(self.magic | (self.sign_flip << t0),
+                          self.magic | (self.sign_flip << t1))
 
-    def int_finish(self, t: int) -> tuple[str, tuple[int, ...]]:
-        """The half2 operation and constant lanes turning ``MAGIC | u << t`` into the value."""
+    def int_finish(self, t: LaneBits) -> tuple[str, tuple[int, ...]]:
+        """The half2 operation and constant lanes turning ``MAGIC | u << t`` into the value
+        (a half2 operation takes a constant per lane, so the lanes' ``t`` may differ)."""
         p, b = self.mantissa, self.sign_flip
-        if t == 0:
+        t0, t1 = _per_lane(t)
+        if t0 == t1 == 0:
             return "hsub2", (_lanes(_bits16(2.0**p + b, self.dst)),)
-        return "hfma2", (_lanes(_bits16(2.0**-t, self.dst)),
-                         _lanes(_bits16(-(2.0 ** (p - t) + b), self.dst)))
+        return "hfma2", (_two_lanes(*(_bits16(2.0**-u, self.dst) for u in (t0, t1))),
+                         _two_lanes(*(_bits16(-(2.0 ** (p - u) + b), self.dst)
+                                      for u in (t0, t1))))
 
     def f32_bias(self) -> int:
         """float32 pattern of ``2^23 + b`` ("int8_f32")."""
@@ -307,12 +326,12 @@ class _Builder:
             self.ops.append(Op("store2" if pair else "store1", "", (name,), (l0,)))
 
 
-def _int_finish(b: _Builder, x: str, t: int) -> str:
+def _int_finish(b: _Builder, x: str, t: LaneBits) -> str:
     kind, consts = b.rec.int_finish(t)
     return b.op(kind, (x,), consts)
 
 
-def _int_lanes(b: _Builder, z: str, t: int) -> str:
+def _int_lanes(b: _Builder, z: str, t: LaneBits) -> str:
     """Codes at lane bit ``t`` of ``z`` (junk elsewhere) -> the finished half2 value."""
     x = b.op("lop3", (z, b.rec.int_mask(t), b.rec.int_xor(t)), (LOP3_AND_XOR,))
     return _int_finish(b, x, t)
@@ -373,39 +392,81 @@ def _plan_int_matched(b: _Builder, perm: np.ndarray) -> None:
     rule), one ``lop3`` (``ka``'s low lane, ``kc``'s high lane) or one ``prmt`` (``ka``'s
     high lane moved down, ``kc``'s low lane moved up) splices the two words, and the
     spliced word decodes like a whole word: one shift per ``max_t + 1`` positions, one
-    ``lop3`` and one half2 operation per pair. Other pairs (codes straddling a lane or
-    word boundary) move each code to its lane with a window and splice the two.
+    ``lop3`` and one half2 operation per pair. The other pairs (codes straddling a lane
+    or word boundary) are done after: one ``prmt`` gathers each code's two bytes into its
+    lane from two words or splices already made (the lanes' bit positions may differ,
+    as the constants are per lane), else windows move each code to bit 0 of its lane.
     """
     n, rec = b.rec.nbits, b.rec
     spliced: dict[tuple[int, int], str] = {}
+    held: dict[str, tuple[int, ...]] = {}  # a spliced value -> the stream bytes it holds
     shifted: dict[tuple[str, int], str] = {}
+    straddling = []
     for l0 in range(0, b.size, 2):
         a, c = int(perm[l0]), int(perm[l0 + 1])
         la, lc = _lane_of(n, a), _lane_of(n, c)
+        if not (la and lc and la[1] != lc[1] and la[2] == lc[2]):
+            straddling.append((l0, a, c))
+            continue
         b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
-        if la and lc and la[1] != lc[1] and la[2] == lc[2]:
-            ka, kc, p = la[0], lc[0], la[2]
-            if ka == kc and la[1] == 0:
-                word = b.word(ka)
-            else:
-                if (ka, kc) not in spliced:
-                    wa, wc = b.word(ka), b.word(kc)
-                    spliced[ka, kc] = (
-                        b.op("lop3", (wa, wc, 0x0000FFFF), (LOP3_SELECT,)) if la[1] == 0
-                        else b.op("prmt", (wa, wc), (_PRMT_SWAP_SPLICE,)))
-                word = spliced[ka, kc]
-            s = next((s for (w, s) in shifted if w == word and 0 <= p - s <= rec.max_t()),
-                     0 if p <= rec.max_t() else None)
-            if s is None:
-                s = p
-                shifted[word, s] = b.op("shr", (word,), (s,))
-            value = _int_lanes(b, shifted.get((word, s), word), p - s)
+        ka, kc, p = la[0], lc[0], la[2]
+        if ka == kc and la[1] == 0:
+            word = b.word(ka)
+        else:
+            if (ka, kc) not in spliced:
+                wa, wc = b.word(ka), b.word(kc)
+                if la[1] == 0:
+                    word = b.op("lop3", (wa, wc, 0x0000FFFF), (LOP3_SELECT,))
+                    held[word] = (4 * ka, 4 * ka + 1, 4 * kc + 2, 4 * kc + 3)
+                else:
+                    word = b.op("prmt", (wa, wc), (_PRMT_SWAP_SPLICE,))
+                    held[word] = (4 * ka + 2, 4 * ka + 3, 4 * kc, 4 * kc + 1)
+                spliced[ka, kc] = word
+            word = spliced[ka, kc]
+        s = next((s for (w, s) in shifted if w == word and 0 <= p - s <= rec.max_t()),
+                 0 if p <= rec.max_t() else None)
+        if s is None:
+            s = p
+            shifted[word, s] = b.op("shr", (word,), (s,))
+        value = _int_lanes(b, shifted.get((word, s), word), p - s)
+        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+    words = -(-b.size * n // 32)
+    for l0, a, c in straddling:
+        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
+        gathered = _gather_bytes(b, held, words, (a * n, c * n))
+        if gathered is not None:
+            value = _int_lanes(b, *gathered)
         else:
             low = b.window(a * n, 0, n)  # code a at lane 0, bit 0
             high = b.window(c * n - 16, 16, 16 + n)  # code c at lane 1, bit 0
             value = _int_lanes(b, b.op("lop3", (low, high, 0x0000FFFF), (LOP3_SELECT,)), 0)
-        b.lanes[a] = (value, 0)
-        b.lanes[c] = (value, 1)
+        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+
+
+def _gather_bytes(b: _Builder, held: dict[str, tuple[int, ...]], words: int,
+                  starts: tuple[int, int]) -> tuple[str, tuple[int, int]] | None:
+    """One ``prmt`` putting the bytes of the codes at stream bits ``starts`` into lanes 0
+    and 1 (each code at bit ``start % 8`` of its lane), from two values among the spliced
+    ones (``held``) and the source words; ``(value, (t0, t1))``, or None when no two
+    values hold the bytes or a code's lane bit would exceed ``max_t``."""
+    need: list[int | None] = []
+    for start in starts:
+        first, t = divmod(start, 8)
+        if t > b.rec.max_t():
+            return None
+        second = first + 1 if t + b.rec.nbits > 8 and first + 1 < 4 * words else None
+        need += [first, second]
+    sources = [(name, held[name]) for name in held] + [
+        (k, tuple(range(4 * k, 4 * k + 4))) for k in range(words)]
+    for i, (u, ubytes) in enumerate(sources):
+        for v, vbytes in sources[i:]:
+            pool = ubytes + vbytes
+            if all(x is None or x in pool for x in need):
+                sel = sum((0 if x is None else pool.index(x)) << 4 * j
+                          for j, x in enumerate(need))
+                args = tuple(b.word(x) if isinstance(x, int) else x for x in (u, v))
+                return b.op("prmt", args, (sel,)), (starts[0] % 8, starts[1] % 8)
+    return None
 
 
 def _byte_pairs(b: _Builder):
