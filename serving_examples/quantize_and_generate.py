@@ -103,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--group-size", type=int, default=128, help="quantization group (-1: row)")
     p.add_argument("--skip", default="lm_head",
                    help="comma-separated layer globs kept in float16 ('' quantizes all)")
+    p.add_argument("--lm-head", metavar="TYPE",
+                   help="quantize lm_head to TYPE (e.g. int8) whatever --dtype is; the rows "
+                        "are named 'DTYPE/lm TYPE' (default: lm_head as --skip says)")
     p.add_argument("--new-tokens", type=int, default=16, help="tokens generated per sequence")
     p.add_argument("--eager-new-tokens", type=int,
                    help="tokens per sequence in eager mode (default --new-tokens)")
@@ -155,6 +158,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
     args.batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
     args.skip_globs = tuple(s.strip() for s in args.skip.split(",") if s.strip())
+    if args.lm_head is not None:
+        try:
+            lowvm.dtype(args.lm_head)
+        except lowvm.LowvmError as exc:
+            p.error(f"--lm-head: {exc}")
+        args.skip_globs = tuple(g for g in args.skip_globs if g != "lm_head")
     for name in ("new_tokens", "prompt_len", "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1; got {getattr(args, name)}")
@@ -245,16 +254,18 @@ def shared_copy(dense: Any) -> Any:
     return copy.deepcopy(dense, shared)
 
 
-def quantized_copy(dense: Any, dtype: str, group_size: int, skip: tuple[str, ...]
-                   ) -> tuple[Any, Any]:
-    """``(model, report)``: ``dense`` with its linears quantized; ``dense`` is unchanged.
+def quantized_copy(dense: Any, dtype: str, group_size: int, skip: tuple[str, ...],
+                   lm_head: str | None = None) -> tuple[Any, Any]:
+    """``(model, report)``: ``dense`` with its linears quantized (``lm_head`` to its own
+    type when given); ``dense`` is unchanged.
 
     The copy shares every parameter and buffer of ``dense`` (only the module tree is
     copied), so the layers left dense and the embedding cost no memory twice; the
     quantized layers are the only new tensors.
     """
     model = shared_copy(dense)
-    report = lowvm.quantize_model(model, dtype=dtype, group_size=group_size, skip=skip,
+    types = dtype if lm_head is None else {"lm_head": lm_head, "*": dtype}
+    report = lowvm.quantize_model(model, dtype=types, group_size=group_size, skip=skip,
                                   progress=False)
     return model, report
 
@@ -651,6 +662,7 @@ class Run:
             "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
             "torch": torch.__version__, "transformers": _transformers_version(),
             "dtypes": args.dtypes, "group_size": args.group_size, "skip": list(args.skip_globs),
+            "lm_head": args.lm_head,
             "new_tokens": args.new_tokens, "eager_new_tokens": eager_tokens(args),
             "prompt_len": args.prompt_len, "repeats": args.repeats, "fuse": args.fuse,
             "overlap": args.overlap, "attention": args.attention,
@@ -752,14 +764,20 @@ def sample_tokens(model: Any, ids: torch.Tensor, tokenizer: Any, count: int) -> 
     return tokenizer.decode(out) if tokenizer is not None else out.tolist()
 
 
+def model_name(args: argparse.Namespace, dtype: str) -> str:
+    """A quantized model's row name: its type, and lm_head's when ``--lm-head`` sets one."""
+    return dtype if args.lm_head is None else f"{dtype}/lm {args.lm_head}"
+
+
 def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> Any | None:
-    """Quantize a shared copy of ``dense`` to ``dtype``, record its memory and quality;
-    the model, or None when quantizing failed (recorded)."""
+    """Quantize a shared copy of ``dense`` to ``dtype``, record its memory and quality
+    (under :func:`model_name`); the model, or None when quantizing failed (recorded)."""
     args, device = run.args, run.device
     allocated = torch.cuda.memory_allocated() if device == "cuda" else 0
     try:
         seconds, (quant, report) = timed(
-            lambda: quantized_copy(dense, dtype, args.group_size, args.skip_globs), device)
+            lambda: quantized_copy(dense, dtype, args.group_size, args.skip_globs,
+                                   args.lm_head), device)
     except Exception as exc:  # noqa: BLE001  (recorded; the next type may still work)
         run.error(f"quantize {dtype}", exc)
         return None
@@ -785,7 +803,7 @@ def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> A
     }
     if device == "cuda":
         info["gpu_bytes_added"] = torch.cuda.memory_allocated() - allocated
-    run.result["models"][dtype] = info
+    run.result["models"][model_name(args, dtype)] = info
     try:
         info["quality"] = quality(dense, quant, probes["quality_ids"])
         info["generated"] = sample_tokens(quant, probes["sample_ids"], probes["tokenizer"],
@@ -844,7 +862,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for dtype in args.dtypes:  # all copies stay (8B: int4 + int3 + int2 add ~16 GB)
         quant = add_quantized(run, dense, dtype, probes)
         if quant is not None:
-            models[dtype] = quant
+            models[model_name(args, dtype)] = quant
     speed_rows(run, models, vocab, modes)
 
     print()

@@ -131,6 +131,23 @@ def test_random_init_on_device_and_shared_quantized_copy(example):
     assert quant.lm_head.weight is dense.lm_head.weight
 
 
+def test_lm_head_type_option(example):
+    """``--lm-head int8`` quantizes lm_head to int8 beside the rows' type (even though
+    --skip names it by default), names the rows after both, and refuses unknown types."""
+    args = example["parse_args"](["--lm-head", "int8"])
+    assert "lm_head" not in args.skip_globs and example["model_name"](args, "int4") == \
+        "int4/lm int8"
+    torch.manual_seed(0)
+    dense = example["init_random"](example["random_config"](args), "cpu")
+    quant, report = example["quantized_copy"](dense, "int3", 64, args.skip_globs,
+                                              args.lm_head)
+    assert report.layers_replaced == 15
+    assert quant.lm_head.spec.wtype.name == "int8"
+    assert quant.model.layers[0].mlp.up_proj.spec.wtype.name == "int3"
+    with pytest.raises(SystemExit):
+        example["parse_args"](["--lm-head", "int9"])
+
+
 @pytest.mark.gpu
 def test_graphs_mode_on_cuda(tmp_path, monkeypatch):
     """The CUDA-graph path of the serving measurement, tiny: compiled without graph breaks
