@@ -267,6 +267,11 @@ def quantized_copy(dense: Any, dtype: str, group_size: int, skip: tuple[str, ...
     types = dtype if lm_head is None else {"lm_head": lm_head, "*": dtype}
     report = lowvm.quantize_model(model, dtype=types, group_size=group_size, skip=skip,
                                   progress=False)
+    head = model.get_output_embeddings()
+    if lm_head is not None and not (isinstance(head, lowvm.QuantLinear)
+                                    and head.spec.wtype == lowvm.dtype(lm_head)):
+        raise ValueError(f"--lm-head {lm_head}: lm_head was left dense (tied to the "
+                         f"embeddings, or matched by --skip {','.join(skip)!r})")
     return model, report
 
 

@@ -497,9 +497,9 @@ def example() -> dict:
 def test_serving_example_fuse_option(tmp_path, monkeypatch, flag):
     out = tmp_path / "result.json"
     monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", "--dtype", "int4",
-                                      "--group-size", "64", "--new-tokens", "3",
+                                      "--group-size", "64", "--new-tokens", "6",
                                       "--batch-sizes", "1", "--prompt-len", "6", "--repeats",
-                                      "1", "--modes", "eager,loop", "--json", str(out), *flag])
+                                      "3", "--modes", "eager,loop", "--json", str(out), *flag])
     runpy.run_path(EXAMPLE, run_name="__main__")
     result = json.loads(out.read_text())
     fused = not flag
@@ -514,7 +514,7 @@ def test_serving_example_fuse_option(tmp_path, monkeypatch, flag):
     assert len(rows) == 4 and all(r["decode_tokens_per_s"] > 0 for r in rows)
     assert {(r["model"], r["fused"]) for r in rows} == {("float16", False), ("int4", fused)}
     loop = next(r for r in rows if r["model"] == "int4" and r["mode"] == "loop")
-    assert loop["leading_tokens_equal"]["eager"] == 3  # the loop's tokens are generate's
+    assert loop["leading_tokens_equal"]["eager"] == 6  # the loop's tokens are generate's
 
 
 def test_serving_loop_compiled_step_of_the_fused_model(example):

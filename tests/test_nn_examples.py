@@ -146,6 +146,8 @@ def test_lm_head_type_option(example):
     assert quant.model.layers[0].mlp.up_proj.spec.wtype.name == "int3"
     with pytest.raises(SystemExit):
         example["parse_args"](["--lm-head", "int9"])
+    with pytest.raises(ValueError, match="lm_head was left dense"):  # a --skip glob matched
+        example["quantized_copy"](dense, "int3", 64, ("lm_*",), "int8")
 
 
 @pytest.mark.gpu

@@ -45,8 +45,10 @@ order), stored with one 32-bit store into the destination array (declared
   than its permutation. Widths 3, 5, 6, 7 in that order: codes ``i`` and ``i + span/2``
   start ``16 (mod 32)`` bits apart, so most pairs sit at one position of a low and a
   high lane of two words; one ``lop3`` (or ``prmt``) splices the two words and the
-  spliced word decodes like a whole one (:func:`_plan_int_matched`); the few codes that
-  straddle a lane or word boundary take windows. int8/uint8 to float16 is one
+  spliced word decodes like a whole one (:func:`_plan_int_matched`); a pair that
+  straddles a lane or word boundary gathers its bytes with one ``prmt`` (its lanes' bit
+  positions may differ: half2 constants are per lane), else takes windows. The plain
+  order's plan is kept where it is shorter. int8/uint8 to float16 is one
   ``prmt`` with the magic bytes (``0x64``) per pair, after one XOR per word for int8.
 
 **Small floats** ``eXmY`` (``n = 1 + X + Y`` bits) to a destination with ``Ed`` exponent
@@ -560,17 +562,27 @@ def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
         _plan_int8_f16(b)
     elif 16 % rec.nbits and perm is not None and pair_span(src, dst, size) is not None:
         _plan_int_matched(b, perm)
+        plain = _Builder(rec, size)  # kept where a permutation matches few lanes
+        _plan_int_pairs(plain, 0)
+        plain.assemble(perm)
+        b.assemble(perm)
+        return min((b.ops, plain.ops), key=_work)
     else:
         _plan_int_pairs(b, _plan_int_words(b))
     b.assemble(perm)
     return b.ops
 
 
+def _work(ops: list[Op]) -> int:
+    """Instructions of a plan (sources, stores and comments are not)."""
+    return sum(op.kind not in ("word", "store1", "store2", "comment") for op in ops)
+
+
 def pair_span(src: DType, dst: DType, size: int) -> int | None:
-    """The ``span`` of :func:`lowvm.layouts.split_pairs` in which ``src`` codes decode to
-    ``dst`` register pairs with no ``prmt``, or None when the plain order is already as
-    good: 1/2/4-bit integers decode whole words, 3/5/6/7-bit ones two words spliced at
-    their lane boundary (:func:`_plan_int_matched`)."""
+    """The ``span`` of :func:`lowvm.layouts.split_pairs` in which ``src`` codes decode
+    straight to ``dst`` register pairs, or None when the plain order is already as good:
+    1/2/4-bit integers decode whole words (no ``prmt``), 3/5/6/7-bit ones mostly two
+    words spliced at their lane boundary (:func:`_plan_int_matched`)."""
     rec = recipe(src, dst)
     if rec is None or rec.method != "int" or rec.nbits == 8:
         return None

@@ -138,11 +138,13 @@ def prefill_layouts(wtype: DType, bn: int, bk: int, threads: int,
                   * local(1, chunk))
     part_b = block_mma_layouts(16, FORMAT_BN, bk // q, 1, FORMAT_WARPS_N, adtype).b
     values = spatial(1, fs) * local(1, fl) * spatial(q, 1) * part_b
-    # a part is whole runs of the format's stored order (split_pairs spans are 32-bit words)
+    # a part is whole runs of the format's stored order (a split_pairs span: one 32-bit
+    # word of 1/2/4-bit codes, three of 3-bit ones, ...)
     span = pair_span(wtype, adtype, fmt.mma.b.local_size)
     if span is not None and part_b.local_size % span:
         raise ProgramError(f"quant_gemm_prefill: {q} parts per format thread split its "
-                           f"32-bit words of {wtype.name} codes; use fewer threads")
+                           f"runs of {span} {wtype.name} codes (its stored order); use "
+                           "fewer threads")
     stored = values if span is None else split_pairs(values, span)
     return PrefillLayouts(fmt, tiles, packed, values, stored)
 

@@ -80,8 +80,9 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
 def stored_order(values: RegisterLayout, wtype: DType, adtype: DType) -> RegisterLayout:
     """The order a thread's codes are stored in: ``values`` (the MMA order), or for
     1..7-bit integers its :func:`~lowvm.layouts.split_pairs` order, in which the
-    whole-word cast yields MMA register pairs directly (no ``prmt``); ``cast(...,
-    layout=values)`` turns one into the other by renaming registers."""
+    bit-trick cast yields MMA register pairs directly (no ``prmt`` for 1/2/4 bits; see
+    :func:`~lowvm.codegen.fast_cast.pair_span`); ``cast(..., layout=values)`` turns one
+    into the other by renaming registers."""
     span = pair_span(wtype, adtype, values.local_size)
     return values if span is None else split_pairs(values, span)
 
