@@ -61,10 +61,6 @@ EXAMPLES = {
     # prefetch per tile on sm_90)
     "quant_gemm_int4_x_whole_l2_ahead": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
         prefetch=2, x_whole=4096, x_rows=1, l2_ahead=4).constants()}),
-    # the down projection at M = 1 computing its x as silu(gate) * up (x_glu)
-    "quant_gemm_int4_glu_split16": (quant_gemm, {"wtype": lowvm.int4, "x_glu": True,
-                                                 **GemmSchedule(split=16, x_whole=896,
-                                                                x_rows=1).constants()}),
     # int3 held whole in its split_pairs order (spliced words, gathered bytes)
     "quant_gemm_int3_x_whole_one_row": (quant_gemm, {"wtype": lowvm.int3, **GemmSchedule(
         prefetch=4, x_whole=4096, x_rows=1).constants()}),

@@ -205,23 +205,3 @@ def test_bfloat16_scales_of_inference_mode_layers_are_cast_per_call():
     s1, z1 = backend._scales_as(layer, torch.bfloat16)
     assert z1 is None and torch.equal(s1, scales.bfloat16())
     assert (id(scales), torch.bfloat16) not in backend._CONVERTED
-
-
-def test_glu_forward_is_the_layer_after_silu_times_up():
-    """glu_forward(gate_up) == layer(silu(gate) * up) as transformers computes it (on the
-    CPU reference path exactly), for float16 and bfloat16; act-order layers too; a wrong
-    last dim names 2 * in_features."""
-    torch.manual_seed(5)
-    lin = torch.nn.Linear(256, 64, bias=True)
-    for perm in (None, torch.randperm(256)):
-        layer = QuantLinear.from_linear(lin, "int4", group_size=64)
-        if perm is not None:
-            layer.input_perm = perm
-        for dtype in (torch.float16, torch.bfloat16):
-            layer = layer.to(dtype)
-            gate_up = torch.randn(3, 2, 512, dtype=dtype)
-            gate, up = gate_up.split(256, dim=-1)
-            want = layer(torch.nn.functional.silu(gate) * up)
-            assert torch.equal(layer.glu_forward(gate_up), want)
-    with pytest.raises(ActivationError, match=r"2 \* in_features \(\[gate \| up\]\)=512"):
-        layer.glu_forward(torch.zeros(2, 256, dtype=torch.bfloat16))

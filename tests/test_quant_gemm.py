@@ -244,63 +244,6 @@ def test_split_16_with_x_whole_in_the_interpreter():
     assert _interpret_gemm("int4", sched, 3, 31, k=2048) < 2e-3
 
 
-def _glu_row(gate_up: np.ndarray, k: int, dtype=np.float16) -> np.ndarray:
-    """``silu(gate) * up`` rounded as transformers' eager ``act_fn(gate) * up``: silu in
-    float32 rounded to the activation type, then the product rounded again."""
-    g, u = gate_up[:, :k].astype(np.float32), gate_up[:, k:].astype(np.float32)
-    silu = (g / (np.exp(-g) + np.float32(1.0))).astype(dtype).astype(np.float32)
-    return (silu * u).astype(dtype)
-
-
-@pytest.mark.parametrize("split,m,prefetch", [(2, 1, 1), (4, 1, 2), (16, 2, 1)])
-def test_glu_x_in_the_interpreter(split, m, prefetch):
-    """x_glu: the one resident row of x is silu(gate) * up of ``[gate | up]`` (each block
-    its K range of both halves); rows of the tile past m read zeros, so y's rows are the
-    products of every row (x_rows=1 gives one row per block)."""
-    rng = np.random.default_rng(41)
-    n, k, g = 128, 2048, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
-    packed = repack_weights(codes, "int4", GemmSchedule())
-    gate_up = (rng.standard_normal((m, 2 * k)) * 2).astype(np.float16)
-    sched = GemmSchedule(split=split, prefetch=prefetch, x_whole=k // split, x_rows=1)
-    y = np.full((m, n), np.nan, np.float16)
-    ws = np.zeros((m, n), np.float32)
-    counters = np.zeros(m * (n // sched.bn), np.int32)
-    lowvm.interpret(quant_gemm.build(wtype=lowvm.int4, group=g, x_glu=True,
-                                     **sched.constants()),
-                    m, n, k, gate_up, packed, scales, scales, y, ws, counters)
-    assert not ws.any() and not counters.any()
-    assert _rel(y, _reference(_glu_row(gate_up, k), codes, scales, "int4", g)) < 2e-3
-
-
-def test_glu_x_needs_one_resident_row():
-    sched = GemmSchedule(split=2)
-    with pytest.raises(ProgramError, match="x_glu .* needs x_whole with x_rows=1"):
-        quant_gemm.build(wtype=lowvm.int4, group=128, x_glu=True, **sched.constants())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 5])
-def test_gpu_glu_quant_linear_against_float64(m):
-    """glu_quant_linear: the activation inside the decode GEMM at M = 1 (the library's
-    choice holds one row whole), computed first at M = 5; both as float64 of the rounded
-    product, float16 and bfloat16."""
-    import torch
-
-    from lowvm.kernels.library import glu_fused, glu_quant_linear
-
-    rng = np.random.default_rng(43)
-    n, k, g = 1024, 14336, 128
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
-    qw = prepare_weight(codes, scales, "int4", g)
-    assert glu_fused(m, qw, torch.device("cuda")) == (m == 1)
-    gate_up = (rng.standard_normal((m, 2 * k)) * 2).astype(np.float16)
-    ref = _reference(_glu_row(gate_up, k), codes, scales, "int4", g)
-    for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
-        y = glu_quant_linear(torch.from_numpy(gate_up).cuda().to(dtype), qw)
-        assert _rel(y.double().cpu().numpy(), ref) < tol, dtype
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 3])
 def test_gpu_split_16_with_x_whole(m):

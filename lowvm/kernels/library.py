@@ -36,7 +36,7 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule", "prefill_split", "plan_refusal",
            "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma", "wgmma_refusal",
-           "is_sm90", "glu_quant_linear", "glu_fused"]
+           "is_sm90"]
 
 #: the weight tile width every schedule shares (the repacked format's N tile)
 WEIGHT_BN = 64
@@ -373,34 +373,24 @@ _PLANS: dict[tuple, tuple[Any, Any, int]] = {}
 
 
 def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
-          schedule: GemmSchedule | None, glu: bool = False) -> tuple[Any, Any, int]:
+          schedule: GemmSchedule | None) -> tuple[Any, Any, int]:
     """(compiled GEMM, compiled unfused split-K epilogue or None, rows per output tile
     when split > 1, else 0) for one call shape, cached so a repeated call (every decode
-    step) costs one dict lookup. ``glu``: the GEMM computes its x as ``silu(gate) * up``
-    from ``[gate | up]`` (:func:`glu_quant_linear`)."""
-    key = (_plan_key(m, weight, bf16, zero_point, schedule), glu)
+    step) costs one dict lookup."""
+    key = _plan_key(m, weight, bf16, zero_point, schedule)
     plan = _PLANS.get(key)
     if plan is None:
-        s = _register_schedule(m, weight, schedule)
+        n, k = weight.n, weight.k
+        tuned = None if schedule else tuned_schedule(m, weight)
+        s = schedule or (tuned if tuned and not tuned.wgmma else None) or choose_schedule(
+            m, n, k, weight.bk)
+        refusal = plan_refusal(s, k, weight.bk)
+        if refusal:
+            raise LowvmError(f"schedule {s}: {refusal}")
         gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
-                         group=weight.group, zero_point=zero_point, **s.constants(),
-                         **({"x_glu": True} if glu else {}))
+                         group=weight.group, zero_point=zero_point, **s.constants())
         plan = _PLANS[key] = (gemm, _finisher(s, bf16), s.rows if s.split > 1 else 0)
     return plan
-
-
-def _register_schedule(m: int, weight: QuantWeight, schedule: GemmSchedule | None
-                       ) -> GemmSchedule:
-    """The :func:`quant_gemm` schedule of a call: ``schedule``, else the tuned one, else
-    :func:`choose_schedule`'s; refused (LowvmError) where :func:`plan_refusal` says."""
-    n, k = weight.n, weight.k
-    tuned = None if schedule else tuned_schedule(m, weight)
-    s = schedule or (tuned if tuned and not tuned.wgmma else None) or choose_schedule(
-        m, n, k, weight.bk)
-    refusal = plan_refusal(s, k, weight.bk)
-    if refusal:
-        raise LowvmError(f"schedule {s}: {refusal}")
-    return s
 
 
 def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:
@@ -433,18 +423,16 @@ def _reads_format(s: GemmSchedule, bk: int) -> bool:
     return s.bn in (16, 32) and s.warps_n * 16 == s.bn and not s.weights_shared
 
 
-def _checked(x: Any, weight: QuantWeight, columns: int | None = None) -> Any:
-    """``x`` made contiguous, after the checks every entry point makes (``columns``: of
-    ``x``, when not K)."""
+def _checked(x: Any, weight: QuantWeight) -> Any:
+    """``x`` made contiguous, after the checks every entry point makes."""
     import torch
 
     if (not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16)
             or x.dim() != 2):
         raise LowvmError(f"x must be a 2-D float16 or bfloat16 torch tensor, got "
                          f"{getattr(x, 'dtype', x)!r} of shape {list(getattr(x, 'shape', []))}")
-    if x.shape[1] != (columns or weight.k):
-        raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}"
-                         + (f" (x: [gate | up], 2 x K = {columns})" if columns else ""))
+    if x.shape[1] != weight.k:
+        raise LowvmError(f"x has {x.shape[1]} columns but the weight has K = {weight.k}")
     if x.device != weight.packed.device:
         raise LowvmError(f"x is on {x.device}, the weight on {weight.packed.device}")
     if x.dtype == torch.float16 and not fits_float16(weight.wtype):
@@ -649,42 +637,6 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
             and prefill_split(m, n, weight.k, weight.bk)):
         return _run(x, weight, None, _prefill_plan)
     return _run(x, weight, schedule, _plan)
-
-
-def glu_quant_linear(gate_up: Any, weight: QuantWeight) -> Any:
-    """``(silu(gate) * up) @ dequant(weight)^T`` for ``gate_up = [gate | up]`` of shape
-    ``[M, 2K]``: an MLP's down projection after its gated activation. Where the decode
-    kernel holds one row of x for its whole K range (M = 1 on the library's choice), that
-    kernel computes the product itself while it reads the row; otherwise the product is
-    computed first and :func:`quant_linear` runs. Both round as transformers' eager
-    ``act_fn(gate) * up`` does (silu, then the product, each to the activation type)."""
-    import torch
-
-    gate_up = _checked(gate_up, weight, 2 * weight.k)
-    if glu_fused(gate_up.shape[0], weight, gate_up.device):
-        return _run(gate_up, weight, None, functools.partial(_plan, glu=True))
-    gate, up = gate_up.split(weight.k, dim=1)
-    return quant_linear(torch.nn.functional.silu(gate) * up, weight)
-
-
-def glu_fused(m: int, weight: QuantWeight, device: Any) -> bool:
-    """Whether :func:`glu_quant_linear` runs the activation inside the GEMM for ``m`` rows:
-    the :func:`quant_linear` path is the register-body decode kernel with one row of x
-    held whole, spread evenly over the block's threads."""
-    key = (m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, str(device))
-    if key not in _GLU_FUSED:
-        if (is_sm90(device) and runs_wgmma(m, weight)) or (
-                PREFILL_KERNEL == "quant_gemm_prefill"
-                and prefill_split(m, weight.n, weight.k, weight.bk)):
-            _GLU_FUSED[key] = False
-        else:
-            s = _register_schedule(m, weight, None)
-            _GLU_FUSED[key] = (bool(s.x_whole) and s.x_rows == 1 and not s.weights_shared
-                               and s.x_whole % (s.warps_m * s.warps_n * 32) == 0)
-    return _GLU_FUSED[key]
-
-
-_GLU_FUSED: dict[tuple, bool] = {}
 
 
 def prefill_split(m: int, n: int, k: int, bk: int) -> int:

@@ -66,14 +66,7 @@ from lowvm.kernels.weight_format import (
     unpack_repacked,
     weight_layouts,
 )
-from lowvm.layouts import (
-    local,
-    reduce,
-    shared_row_major,
-    shared_strided,
-    spatial,
-    swizzle_128b,
-)
+from lowvm.layouts import reduce, shared_row_major, shared_strided, swizzle_128b
 from lowvm.passes.software_pipeline import staged_layout
 
 # the schedule and the weight format live in their own modules; their names stay
@@ -134,9 +127,8 @@ class _Block:
 
 def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
            bn: int, bk: int, warps_m: int, warps_n: int, split: int, min_blocks: int = 1,
-           rows: int = 0, glu: bool = False) -> _Block:
-    """Layouts, grid and views; a block covers ``rows`` rows of y (0: ``bm``); with
-    ``glu`` x is ``[m, 2, k]`` (gate, then up)."""
+           rows: int = 0) -> _Block:
+    """Layouts, grid and views; a block covers ``rows`` rows of y (0: ``bm``)."""
     rows = rows or bm
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
@@ -148,7 +140,7 @@ def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int
     n_tiles = n // bn
     k_steps = k // bk // split
     k_tile0 = vm.block_index(1) * k_steps
-    gx = vm.global_view(x, [m, 2, k]) if glu else vm.global_view(x, [m, k])
+    gx = vm.global_view(x, [m, k])
     parts = FORMAT_BN // bn
     vm.static_assert(bn * parts == FORMAT_BN and warps_n * 16 == bn,
                      f"bn={bn}, warps_n={warps_n}: a block reads whole warps of the weight "
@@ -169,13 +161,9 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False, fused_split: bool = True,
                      min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                     k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
-                     x_glu: bool = False) -> None:
+                     k_slice: int = 0, x_whole: int = 0, x_rows: int = 0) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     ks = k_slice or bk
-    vm.static_assert(not x_glu or (x_whole and x_rows == 1), f"x_glu reads gate and up "
-                     f"once into the resident row of x: it needs x_whole with x_rows=1, got "
-                     f"x_whole={x_whole}, x_rows={x_rows}")
     vm.static_assert(x_rows in (0, 1, bm), f"x_rows={x_rows} must be 0 (bm), 1 or bm={bm}")
     vm.static_assert(x_rows != 1 or x_whole, f"x_rows=1 reads one row of x as every row "
                      f"of the MMA tile, which needs x_whole (x resident for the block's K "
@@ -200,7 +188,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      fused_split, min_blocks, ks)
         return
     b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
-               warps_n, split, min_blocks, x_rows, x_glu)
+               warps_n, split, min_blocks, x_rows)
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
     xs = x_steps or prefetch
     vm.static_assert(xs % prefetch == 0, f"x_steps={x_steps} must be a multiple of "
@@ -255,8 +243,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     if x_whole:
         _whole_x_loop(b, bufs, step_data, acc, wtype, adtype, zero_point, sliced, prefetch,
                       x_rows or bm, x_whole,
-                      (lambda kt: ask_l2(kt + prefetch + l2_ahead)) if l2_ahead else None,
-                      x_glu)
+                      (lambda kt: ask_l2(kt + prefetch + l2_ahead)) if l2_ahead else None)
         store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split,
                      x_rows)
         return
@@ -283,7 +270,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
 
 def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
                   zero_point: bool, sliced, prefetch: int, rows: int, x_whole: int,
-                  ask_l2=None, glu: bool = False) -> None:
+                  ask_l2=None) -> None:
     """The main loop of an ``x_whole`` schedule: x's ``rows`` rows for the block's whole K
     range (``x_whole`` columns; past K they read as zeros) are copied into shared memory
     once, then every step reads its slice of x from there, so the loop has no copy and
@@ -295,33 +282,13 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
     its slab by offset, which commutes with the swizzle). ``ask_l2``, when given, is called
     with K step ``kt`` after that step's reload and asks the L2 for the step ``l2_ahead``
     beyond the registers.
-
-    ``glu`` (one row): the row is an MLP's gated activation, ``silu(gate) * up`` of the
-    gate/up GEMM's output row ``[gate | up]``, computed in float32 and rounded where
-    transformers' eager ``act_fn(gate) * up`` rounds (silu, then the product) while the
-    row goes into shared memory: the block reads its K range of gate and up instead of a
-    separate kernel writing the product for it to read.
     """
     lw = b.lw
     bm, bk = lw.mma.a.shape[0], lw.mma.b.shape[0]
     col0 = b.k_tile0 * bk
     if rows == 1:
         sx = vm.shared_tensor(adtype, [bm, x_whole], shared_strided([bm, x_whole], [0, 1]))
-        if glu:
-            threads = lw.mma.c.num_threads
-            vm.static_assert(x_whole % threads == 0, f"x_glu: x_whole={x_whole} must be a "
-                             f"multiple of the block's {threads} threads")
-            spread = local(1, 1, x_whole // threads) * spatial(1, 1, threads)
-            gate, up = (vm.cast(vm.load_global(b.gx, [b.row0, half, col0], [1, 1, x_whole],
-                                               spread), vm.float32) for half in (0, 1))
-            # rounded where transformers' eager `act_fn(gate) * up` rounds: silu, product
-            silu = vm.cast(vm.cast(gate / (vm.exp(-gate) + 1.0), adtype), vm.float32)
-            row = vm.cast(silu * up, adtype)
-            vm.store_shared(sx, vm.view(row, adtype, shape=[1, x_whole],
-                                        layout=local(1, x_whole // threads)
-                                        * spatial(1, threads)), [0, 0])
-        else:
-            vm.copy_async(sx, b.gx, [b.row0, col0], shape=[1, x_whole])
+        vm.copy_async(sx, b.gx, [b.row0, col0], shape=[1, x_whole])
 
         def x_at(step, c):
             return [0, step * bk + c]
@@ -475,11 +442,9 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
                fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0,
-               l2_ahead: int = 0, k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
-               x_glu: bool = False):
+               l2_ahead: int = 0, k_slice: int = 0, x_whole: int = 0, x_rows: int = 0):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
-    (:func:`store_result`). ``x_glu``: ``x`` is ``[m, 2k]`` and the product takes
-    ``silu(x[:, :k]) * x[:, k:]`` (an MLP's gated activation, see :func:`_whole_x_loop`).
+    (:func:`store_result`).
 
     ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
     ``q * scales``; ``zeros`` is not read without ``zero_point``.
@@ -487,7 +452,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice, x_whole, x_rows, x_glu)
+                     k_slice, x_whole, x_rows)
 
 
 @vm.program
@@ -501,13 +466,12 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False, fused_split: bool = True,
                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                    k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
-                    x_glu: bool = False):
+                    k_slice: int = 0, x_whole: int = 0, x_rows: int = 0):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice, x_whole, x_rows, x_glu)
+                     k_slice, x_whole, x_rows)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:

@@ -19,11 +19,10 @@ from typing import Any
 import torch
 
 from lowvm.kernels.library import QuantWeight, fits_float16, weight_bk
-from lowvm.kernels.library import glu_quant_linear as library_glu_quant_linear
 from lowvm.kernels.library import quant_linear as library_quant_linear
 from lowvm.nn.packed import PackedLinear, dequantize
 
-__all__ = ["quant_linear", "glu_quant_linear", "cuda_quant_linear", "reference_quant_linear", "shape_problem",
+__all__ = ["quant_linear", "cuda_quant_linear", "reference_quant_linear", "shape_problem",
            "LowvmFallbackWarning", "IN_FEATURES_MULTIPLE", "OUT_FEATURES_MULTIPLE",
            "GROUP_MULTIPLE"]
 
@@ -110,25 +109,6 @@ def _scales_as(layer: PackedLinear, dtype: torch.dtype) -> tuple[torch.Tensor, A
         hit = _CONVERTED[key] = (weakref.ref(scales), zeros, versions,
                                  (scales.to(dtype), None if zeros is None else zeros.to(dtype)))
     return hit[3]
-
-
-def glu_quant_linear(gate_up: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
-    """``layer(silu(gate) * up)`` for ``gate_up = [gate | up]`` (``[M, 2K]``): on CUDA the
-    kernel computes the activation while it reads x where it can
-    (:func:`lowvm.kernels.library.glu_quant_linear`); elsewhere it is computed first, as
-    transformers' eager ``act_fn(gate) * up``, and :func:`quant_linear` runs."""
-    if gate_up.is_cuda and gate_up.dtype in (torch.float16, torch.bfloat16) and (
-            gate_up.dtype == torch.bfloat16 or fits_float16(layer.wtype)):
-        n, k = layer.out_features, layer.in_features
-        scales, zeros = _scales_as(layer, gate_up.dtype)
-        weight = QuantWeight(layer.qweight, scales, layer.wtype, layer.group_size, n, k,
-                             weight_bk(layer.group_size, k), zeros)
-        y = library_glu_quant_linear(gate_up.contiguous(), weight)
-        if layer.bias is not None:
-            y = y + layer.bias.to(y.dtype)
-        return y
-    gate, up = gate_up.split(layer.in_features, dim=-1)
-    return quant_linear(torch.nn.functional.silu(gate) * up, layer)
 
 
 def quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:

@@ -1,5 +1,4 @@
-"""``torch.ops.lowvm.quant_linear``: the layer's forward as a torch.library custom op
-(and ``torch.ops.lowvm.glu_quant_linear``: the same layer after an MLP's gated activation).
+"""``torch.ops.lowvm.quant_linear``: the layer's forward as a torch.library custom op.
 
 An opaque op with a fake (meta) implementation lets ``torch.compile(fullgraph=True)``
 trace a quantized model without graph breaks, and keeps the kernel launch (which takes
@@ -15,7 +14,7 @@ from lowvm.dtypes import dtype as as_dtype
 from lowvm.nn import backend
 from lowvm.nn.packed import PackedLinear
 
-__all__ = ["quant_linear_op", "glu_quant_linear_op"]
+__all__ = ["quant_linear_op"]
 
 
 @torch.library.custom_op("lowvm::quant_linear", mutates_args=())
@@ -34,22 +33,3 @@ def _quant_linear_fake(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
                        zeros: torch.Tensor | None, bias: torch.Tensor | None, wtype: str,
                        group_size: int) -> torch.Tensor:
     return x.new_empty((x.shape[0], scales.shape[1]))
-
-
-@torch.library.custom_op("lowvm::glu_quant_linear", mutates_args=())
-def glu_quant_linear_op(gate_up: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                        zeros: torch.Tensor | None, bias: torch.Tensor | None, wtype: str,
-                        group_size: int) -> torch.Tensor:
-    """``gate_up [M, 2K]`` -> ``[M, N]``: the layer applied to ``silu(gate) * up``, an
-    MLP's down projection after its gated activation (see backend.glu_quant_linear)."""
-    layer = PackedLinear(qweight, scales, zeros, bias, as_dtype(wtype), group_size,
-                         int(gate_up.shape[1]) // 2)
-    return backend.glu_quant_linear(gate_up, layer)
-
-
-@glu_quant_linear_op.register_fake
-def _glu_quant_linear_fake(gate_up: torch.Tensor, qweight: torch.Tensor,
-                           scales: torch.Tensor, zeros: torch.Tensor | None,
-                           bias: torch.Tensor | None, wtype: str,
-                           group_size: int) -> torch.Tensor:
-    return gate_up.new_empty((gate_up.shape[0], scales.shape[1]))

@@ -493,17 +493,8 @@ class FusedGateUpMLP(nn.Module):
                                            ("up_proj", intermediate_size)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if _is_silu(self.act_fn) and type(self.down_proj) is QuantLinear:
-            # the down GEMM computes silu(gate) * up itself where it can (no kernel between)
-            return self.down_proj.glu_forward(gate_up)
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act_fn(gate) * up)
-
-
-def _is_silu(act_fn: Any) -> bool:
-    """Whether ``act_fn`` is SiLU: torch's module or transformers' (``ACT2FN["silu"]``)."""
-    return isinstance(act_fn, nn.SiLU) or type(act_fn).__name__ == "SiLUActivation"
 
 
 def _attention_forward(module: Any, style: _Style, api: _CacheApi) -> Callable[..., Any]:

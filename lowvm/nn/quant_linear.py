@@ -232,32 +232,6 @@ class QuantLinear(nn.Module):
         return stored.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self._checked(x, self.in_features)
-        if self.input_perm is not None:
-            x = x.index_select(-1, self.input_perm)
-        lead = x.shape[:-1]
-        y = torch.ops.lowvm.quant_linear(x.reshape(-1, self.in_features), self.qweight,
-                                         self.scales, self.zeros, self.bias,
-                                         self.spec.wtype.name, self.spec.group_size)
-        return y.reshape(*lead, self.out_features)
-
-    def glu_forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``self(silu(gate) * up)`` for ``gate_up = [gate | up]`` (last dim ``2 *
-        in_features``), as transformers' eager ``act_fn(gate) * up`` rounds it: an MLP's
-        down projection, whose GEMM computes the activation itself where it can."""
-        gate_up = self._checked(gate_up, 2 * self.in_features)
-        if self.input_perm is not None:  # act-order: the activation first, then permute
-            gate, up = gate_up.split(self.in_features, dim=-1)
-            return self(torch.nn.functional.silu(gate) * up)
-        lead = gate_up.shape[:-1]
-        y = torch.ops.lowvm.glu_quant_linear(gate_up.reshape(-1, 2 * self.in_features),
-                                             self.qweight, self.scales, self.zeros,
-                                             self.bias, self.spec.wtype.name,
-                                             self.spec.group_size)
-        return y.reshape(*lead, self.out_features)
-
-    def _checked(self, x: torch.Tensor, features: int) -> torch.Tensor:
-        """``x`` after the activation checks (dtype, device, last dim ``features``)."""
         if x.dtype not in _ACTIVATION_DTYPES:
             raise ActivationError(f"QuantLinear: x has dtype {x.dtype}; quantized layers take "
                                   "torch.float16 or torch.bfloat16 activations (cast the model,"
@@ -265,12 +239,16 @@ class QuantLinear(nn.Module):
         if x.device != self.qweight.device:
             raise ActivationError(f"QuantLinear: x is on {x.device} but the layer's weights are"
                                   f" on {self.qweight.device}; move one to the other")
-        if x.dim() == 0 or x.shape[-1] != features:
-            what = ("in_features" if features == self.in_features
-                    else "2 * in_features ([gate | up])")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ActivationError(f"QuantLinear: x has shape {tuple(x.shape)}; its last "
-                                  f"dimension must be {what}={features}")
-        return x
+                                  f"dimension must be in_features={self.in_features}")
+        if self.input_perm is not None:
+            x = x.index_select(-1, self.input_perm)
+        lead = x.shape[:-1]
+        y = torch.ops.lowvm.quant_linear(x.reshape(-1, self.in_features), self.qweight,
+                                         self.scales, self.zeros, self.bias,
+                                         self.spec.wtype.name, self.spec.group_size)
+        return y.reshape(*lead, self.out_features)
 
     def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
                ) -> QuantLinear:
