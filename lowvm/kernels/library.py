@@ -506,8 +506,6 @@ def _split_buffers(device: Any, ws_numel: int, tiles: int) -> tuple[Any, Any]:
     the pair outlives the call, and torch.compile's CUDA-graph trees refuse a recording
     that leaves live tensors in their pool which they did not create.
     """
-    import torch
-
     stream, capture = _stream_and_capture(device)
     key = (device, stream, capture)
     have = _SPLIT.get(key)

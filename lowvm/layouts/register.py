@@ -485,9 +485,9 @@ def split_pairs(layout: RegisterLayout, span: int) -> RegisterLayout:
     ``layout`` within the same run; threads and elements are unchanged. Why: a bit-trick
     cast of integer codes decodes lanes 0 and 1 of a 32-bit word from codes ``i`` and
     ``i + span/2`` (1/2/4 bits: of one word; 3/5/6/7 bits: of two words spliced); stored
-    in this order, those two codes are a register pair ``(2i, 2i + 1)`` of ``layout``. ``span`` must be a
-    power of two dividing the local size, and the low ``log2(span)`` bits of the local
-    index must come from power-of-two local modes.
+    in this order, those two codes are a register pair ``(2i, 2i + 1)`` of ``layout``.
+    ``span`` must be a power of two dividing the local size, and the low ``log2(span)``
+    bits of the local index must come from power-of-two local modes.
     """
     if span < 2 or span & (span - 1) or layout.local_size % span:
         raise LayoutError(
