@@ -20,7 +20,7 @@ import pytest
 import lowvm
 import lowvm.lang as vm
 from lowvm.codegen import generate_cuda
-from lowvm.codegen.fast_cast import Op, pair_span, plan_cast, recipe, simulate
+from lowvm.codegen.fast_cast import Op, pair_span, plan_cast, plan_work, recipe, simulate
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.dtypes import all_dtypes, bfloat16, decode, float16, pack
 from lowvm.interpreter.values import from_codes, to_codes
@@ -207,8 +207,7 @@ def test_reordering_cast_is_exact_and_split_pairs_saves_operations(case):
     span = pair_span(src, dst, size)
     perms = [rng.permutation(size), np.arange(size)]
     if span:
-        run = np.arange(size).reshape(-1, 2, span // 2)  # source local a*span/2 + i ...
-        perms.append(run.transpose(0, 2, 1).reshape(-1))  # ... is dest 2i + a
+        perms.append(_split_perm(size, span))
     for perm in perms:
         ops = plan_cast(src, dst, size, perm)
         threads = max(1 << src.nbits, 64)
@@ -218,19 +217,21 @@ def test_reordering_cast_is_exact_and_split_pairs_saves_operations(case):
         _assert_same_bits(got, want, nan, dst, f"{src.name} -> {dst.name}, permuted")
     if span:
         assert src.is_integer and src.nbits < 8
-        kinds = [op.kind for op in ops]
-        plain = [op.kind for op in plan_cast(src, dst, size)]
+        plain = plan_cast(src, dst, size)
         if src.nbits in (1, 2, 4):
-            assert "prmt" not in kinds
-            assert plain.count("prmt") == size // 2  # what the split order saves
+            assert "prmt" not in [op.kind for op in ops]
+            # what the split order saves
+            assert [op.kind for op in plain].count("prmt") == size // 2
         else:  # spliced words and gathered bytes: far fewer operations
-            assert _work(kinds) <= 0.85 * _work(plain)
+            assert plan_work(ops) <= 0.85 * plan_work(plain)
     else:
         assert not (src.is_integer and src.nbits < 8)
 
 
-def _work(kinds):
-    return sum(k not in ("comment", "word", "store1", "store2") for k in kinds)
+def _split_perm(size: int, span: int) -> np.ndarray:
+    """The split_pairs order as a cast's perm: source local ``a*span/2 + i`` of each run
+    is destination local ``2i + a``."""
+    return np.arange(size).reshape(-1, 2, span // 2).transpose(0, 2, 1).reshape(-1)
 
 
 def test_three_bit_codes_in_split_order_cost_little_more_than_four_bit():
@@ -242,16 +243,13 @@ def test_three_bit_codes_in_split_order_cost_little_more_than_four_bit():
     size = 32
     span = pair_span(lowvm.int3, float16, size)
     assert span == 32
-    perm = np.arange(size).reshape(-1, 2, span // 2).transpose(0, 2, 1).reshape(-1)
-    ops = plan_cast(lowvm.int3, float16, size, perm)
+    ops = plan_cast(lowvm.int3, float16, size, _split_perm(size, span))
     kinds = [op.kind for op in ops]
-    assert _work(kinds) == 40
+    assert plan_work(ops) == 40
     assert kinds.count("shr") == 3 and kinds.count("prmt") == 3  # one prmt is a splice
     assert kinds.count("shl") == kinds.count("shf") == 0  # no windows
-    assert _work([op.kind for op in plan_cast(lowvm.int3, float16, size)]) == 76
-    four = plan_cast(lowvm.int4, float16, size, np.arange(size).reshape(-1, 2, 4)
-                     .transpose(0, 2, 1).reshape(-1))
-    assert _work([op.kind for op in four]) == 36
+    assert plan_work(plan_cast(lowvm.int3, float16, size)) == 76
+    assert plan_work(plan_cast(lowvm.int4, float16, size, _split_perm(size, 8))) == 36
 
 
 def test_a_wrong_constant_is_caught_by_the_model():

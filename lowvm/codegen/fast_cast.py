@@ -86,8 +86,8 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.instructions.data import Cast
 
-__all__ = ["Op", "Recipe", "recipe", "plan_cast", "pair_span", "simulate", "emit_fast_cast",
-           "LOP3_AND_XOR"]
+__all__ = ["Op", "Recipe", "recipe", "plan_cast", "plan_work", "pair_span", "simulate",
+           "emit_fast_cast", "LOP3_AND_XOR"]
 
 #: ``lop3`` truth table of ``(a & b) ^ c`` (a = 0xF0, b = 0xCC, c = 0xAA).
 LOP3_AND_XOR = (0xF0 & 0xCC) ^ 0xAA
@@ -566,14 +566,14 @@ def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
         _plan_int_pairs(plain, 0)
         plain.assemble(perm)
         b.assemble(perm)
-        return min((b.ops, plain.ops), key=_work)
+        return min((b.ops, plain.ops), key=plan_work)
     else:
         _plan_int_pairs(b, _plan_int_words(b))
     b.assemble(perm)
     return b.ops
 
 
-def _work(ops: list[Op]) -> int:
+def plan_work(ops: list[Op]) -> int:
     """Instructions of a plan (sources, stores and comments are not)."""
     return sum(op.kind not in ("word", "store1", "store2", "comment") for op in ops)
 
