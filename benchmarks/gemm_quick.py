@@ -136,7 +136,8 @@ def kernel_rows(kernel, run, scheds, x, qw, ref, flush, wbytes, tname):
         us = timed(lambda s=s: run(x, qw, s), flush)
         rows.append(dict(kernel=kernel, dtype=tname, k=k, n=n, m=m, split=s.split,
                          prefetch=s.prefetch, stages=s.stages, bm=s.bm, bn=s.bn,
-                         warps=f"{s.warps_m}x{s.warps_n}", us=us, rel_err=err,
+                         warps=f"{s.warps_m}x{s.warps_n}", x_whole=s.x_whole,
+                         x_rows=s.x_rows, swap_ab=s.swap_ab, us=us, rel_err=err,
                          gbps=wbytes / us / 1e3, tflops=2 * m * n * k / us / 1e6,
                          floor_us=wbytes / 3.04e6))
         print(json.dumps(rows[-1]), flush=True)
@@ -284,14 +285,14 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                        torch=torch.__version__, rows=rows), f, indent=1)
-    print("\n kernel       dtype   K      N     M    split pf  st  sh mb bn xw    us      GB/s   "
-          "TFLOP/s  floor  err")
+    print("\n kernel       dtype   K      N     M    split pf  st  sh mb bn xw   sw    us      "
+          "GB/s   TFLOP/s  floor  err")
     for r in rows:
         print(f" {r['kernel']:<12} {r['dtype']:<7} {r['k']:<6} {r['n']:<6} {r['m']:<5} "
               f"{r.get('split', '-')!s:<5} {r.get('prefetch', '-')!s:<3} "
               f"{r.get('stages', '-')!s:<3} {int(bool(r.get('weights_shared')))} "
               f"{r.get('min_blocks', '-')!s:<2} {r.get('bn', '-')!s:<2} "
-              f"{r.get('x_whole', '-')!s:<5}{r['us']:8.1f} "
+              f"{r.get('x_whole', '-')!s:<5}{int(bool(r.get('swap_ab')))}{r['us']:8.1f} "
               f"{r['gbps']:7.0f} {r['tflops']:7.1f} "
               f"{r.get('floor_us', 0):7.1f}  {r.get('rel_err', 0):.1e}")
 

@@ -331,6 +331,11 @@ def _binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
             return a
     elif op == "/" and bv == 1:
         return a
+    elif op == "/" and _undoes_scaling(a, bv):
+        # (x * c) / c is x: exact for integers (the VM's have no overflow) and, c a power
+        # of two, for floats; the C compiler cannot assume it (int32 could wrap), so
+        # `kt * bk // group` with bk == group would cost a mask and a shift per use
+        return a.lhs if _is_int(const_value(a.rhs), bv) else a.rhs
     elif op == "%" and bv == 1:
         return Const(0)
     elif op == "&&":
@@ -346,6 +351,19 @@ def _binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
         if bv is False:
             return a
     return BinOp(op, a, b)
+
+
+def _undoes_scaling(a: Expr, c) -> bool:
+    """Whether ``a`` is ``x * c`` or ``c * x`` for a positive power-of-two integer ``c``."""
+    if isinstance(c, bool) or not isinstance(c, int) or c <= 0 or c & (c - 1):
+        return False
+    return (isinstance(a, BinOp) and a.op == "*"
+            and any(_is_int(const_value(side), c) for side in (a.lhs, a.rhs)))
+
+
+def _is_int(value, c: int) -> bool:
+    """``value`` is the integer ``c`` (not a bool or a float equal to it)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value == c
 
 
 def _unary(op: str, operand: ExprLike) -> Expr:

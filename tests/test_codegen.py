@@ -13,10 +13,7 @@ from lowvm.errors import LowvmError
 from tests.programs import EXAMPLES
 
 #: measured exceptions, kept visible (strict xfail: the test fails once they are fixed)
-KNOWN_SPILLS = {("quant_gemm_uint4_zeros_staged", "sm_80"):
-                "ptxas for sm_80 keeps 8 bytes of stack (4-byte spill) for the staged "
-                "zero-point decode GEMM; sm_90 does not",
-                ("quant_matmul_int4", "sm_90"):
+KNOWN_SPILLS = {("quant_matmul_int4", "sm_90"):
                 "since the related shared addresses (base + immediate per ldmatrix), ptxas "
                 "for sm_90 fits the example GEMM in 40 registers by spilling its loop bound "
                 "(k / 64: one 4-byte STL before the K loop, one LDL per iteration); sm_80 "

@@ -57,25 +57,33 @@ def test_repack_round_trips(wtype):
 
 
 def _interpret_gemm(wtype, sched: GemmSchedule, m: int, seed: int, k: int = 512,
-                    zero_point: bool = False) -> float:
-    """Run ``quant_gemm`` with ``sched`` in the interpreter on random weights of the
-    library's format (n = 128, group 128) and return its error against float64; split-K
-    buffers must come back zeroed (``finish_split`` runs for unfused schedules)."""
+                    zero_point: bool = False, bf16: bool = False) -> float:
+    """Run ``quant_gemm`` (``bf16``: ``quant_gemm_bf16``) with ``sched`` in the
+    interpreter on random weights of the library's format (n = 128, group 128) and return
+    its error against float64; split-K buffers must come back zeroed (``finish_split``
+    runs for unfused schedules)."""
+    import ml_dtypes
+
+    from lowvm.kernels.quant_gemm import finish_split_bf16
+
     rng = np.random.default_rng(seed)
     n, g, wt = 128, 128, lowvm.dtype(wtype)
+    adt = ml_dtypes.bfloat16 if bf16 else np.float16
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
     zeros = (rng.integers(0, 1 << wt.nbits, (k // g, n)).astype(np.float16) if zero_point
              else scales)
     packed = repack_weights(codes, wtype, GemmSchedule())  # the library's one format
     x = rng.standard_normal((m, k)).astype(np.float16)
-    y = np.full((m, n), np.nan, np.float16)
+    y = np.full((m, n), np.nan, adt)
     ws = np.zeros((m, n), np.float32)
     counters = np.zeros(-(-m // sched.rows) * (n // sched.bn), np.int32)
-    lowvm.interpret(quant_gemm.build(wtype=wt, group=g, zero_point=zero_point,
-                                     **sched.constants()),
-                    m, n, k, x, packed, scales, zeros, y, ws, counters)
+    program = quant_gemm_bf16 if bf16 else quant_gemm
+    lowvm.interpret(program.build(wtype=wt, group=g, zero_point=zero_point,
+                                  **sched.constants()),
+                    m, n, k, x.astype(adt), packed, scales.astype(adt), zeros.astype(adt), y,
+                    ws, counters)
     if sched.split > 1 and not sched.fused_split:
-        lowvm.interpret(finish_split.build(), m * n, ws, y)
+        lowvm.interpret((finish_split_bf16 if bf16 else finish_split).build(), m * n, ws, y)
     # split-K: the last block of each tile (or finish_split) wrote y and left the
     # workspace and the counters cleared
     assert not ws.any() and not counters.any()
@@ -173,7 +181,10 @@ def test_x_whole_in_the_interpreter(wtype, split, m, prefetch, x_whole, x_rows, 
                        "of bk=128"),
     ({"x_whole": 512, "stages": 2}, "x_whole copies x once .* stages must be off"),
     ({"x_whole": 512, "x_steps": 2, "prefetch": 2}, "x_whole copies x once"),
-    ({"x_whole": 512, "weights_shared": True}, "x_whole copies x once")])
+    ({"x_whole": 512, "weights_shared": True}, "x_whole copies x once"),
+    ({"swap_ab": True}, "swap_ab computes y\\^T one row of x at a time: it needs x_rows=1"),
+    ({"swap_ab": True, "x_whole": 512, "x_rows": 1, "k_slice": 32},
+     "swap_ab .* got 1, 1, 32")])
 def test_x_whole_options_out_of_range_are_named(fields, message):
     with pytest.raises(ProgramError, match=message):
         quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(**fields).constants())
@@ -237,6 +248,38 @@ def test_choose_schedule_splits_16_ways_at_batch_1_where_x_is_held_whole():
     assert choose_schedule(1, 4096, 14336, 128, x_whole=False).split == 8
     assert choose_schedule(16, 4096, 14336, 128).split == 8
     assert choose_schedule(1, 4096, 4096, 128).split == 8  # 2 steps per block at 16: no
+
+
+@pytest.mark.parametrize("wtype,split,m,prefetch,zero_point,fused,bf16", [
+    ("int4", 1, 1, 2, False, True, False), ("uint4", 2, 3, 1, True, True, True),
+    ("int3", 4, 2, 1, False, False, False), ("float4_e2m1", 1, 1, 4, False, True, True),
+    ("int2", 8, 1, 1, False, True, False), ("uint8", 2, 1, 2, True, False, True),
+    ("float6_e3m2", 2, 3, 2, False, True, False)])
+def test_swap_ab_in_the_interpreter(wtype, split, m, prefetch, zero_point, fused, bf16):
+    """y^T = q^T x^T (weights as the MMA's A operand, x as B, one row of x per block):
+    the same sums as float64, with zero points, split-K fused and through finish_split,
+    float16 and bfloat16."""
+    sched = GemmSchedule(split=split, prefetch=prefetch, x_whole=1024 // split, x_rows=1,
+                         fused_split=fused, swap_ab=True)
+    assert _interpret_gemm(wtype, sched, m, 41, k=1024, zero_point=zero_point,
+                           bf16=bf16) < (2e-2 if bf16 else 2e-3)
+
+
+def test_swap_ab_halves_the_mmas_of_a_decode_step():
+    """At batch 1 the swapped step issues one m16n8k16 per 16 weight rows (not per 8) and
+    one ldmatrix.x4 per 32 of K (not per 16); the weights' conversion is the same."""
+    from lowvm.codegen import generate_cuda
+
+    def step(swap):
+        src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
+            prefetch=1, x_whole=512, x_rows=1, swap_ab=swap).constants())).source
+        loop = src[src.index("for (int i"):]
+        return loop[:loop.index("// %g")]
+
+    plain, swapped = step(False), step(True)
+    assert plain.count("mma.sync.aligned") == 16 and swapped.count("mma.sync.aligned") == 8
+    assert plain.count("ldmatrix.sync") == 8 and swapped.count("ldmatrix.sync") == 4
+    assert "bit-manipulation cast" in swapped
 
 
 def test_split_16_with_x_whole_in_the_interpreter():
@@ -515,14 +558,16 @@ def test_gpu_x_steps_match_float64(wtype, m):
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_gpu_x_whole_match_float64(wtype, m):
     """x held for the block's whole K range: one row read as all 16 (a block per row of
-    y: m = 3 and 16 launch 3 and 16 row blocks) at splits 1/2/8 and prefetch 1/2/4, and
-    16 rows in swizzled slabs; split-K fused and unfused; f16 and bf16."""
+    y: m = 3 and 16 launch 3 and 16 row blocks), with x as the MMA's A operand or as B
+    (swap_ab), at splits 1/2/8 and prefetch 1/2/4, and 16 rows in swizzled slabs;
+    split-K fused and unfused; f16 and bf16."""
     _check_schedules_on_gpu(wtype, m, 29, lambda qw: [
-        GemmSchedule(bk=qw.bk, x_whole=qw.k, x_rows=rows).resplit(
+        GemmSchedule(bk=qw.bk, x_whole=qw.k, x_rows=rows, swap_ab=swap).resplit(
             qw.k, split=split, prefetch=prefetch, fused_split=fused)
         for rows, split, prefetch, fused in (
             (1, 1, 4, True), (1, 2, 2, True), (1, 8, 1, True), (1, 2, 1, False),
-            (0, 2, 2, True), (0, 8, 1, True), (0, 4, 1, False))])
+            (0, 2, 2, True), (0, 8, 1, True), (0, 4, 1, False))
+        for swap in ((False, True) if rows == 1 else (False,))])
 
 
 @pytest.mark.gpu

@@ -21,6 +21,14 @@ typedef long long lowvm_i64;
 typedef unsigned char lowvm_u8;
 typedef signed char lowvm_i8;
 
+// a * b as 64 bits in one multiply (mul.wide.s32): written as (lowvm_i64)a * b, the
+// compiler, knowing a >= 0, widens it unsigned and then needs a full 64-bit multiply
+__device__ __forceinline__ lowvm_i64 lowvm_wide(int a, int b) {
+  lowvm_i64 r;
+  asm("mul.wide.s32 %0, %1, %2;" : "=l"(r) : "r"(a), "r"(b));
+  return r;
+}
+
 // bits [pos, pos + width) of a packed little-endian bit stream held in 32-bit words
 __device__ __forceinline__ lowvm_u32 lowvm_get_bits(const lowvm_u32* words, int pos, int width) {
   int w = pos >> 5, s = pos & 31;

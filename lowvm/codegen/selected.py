@@ -77,8 +77,9 @@ def _offset_table(tensor: SharedTensor, offsets, rel: list[np.ndarray]) -> np.nd
 
 def related_addresses_enabled(kind: str) -> bool:
     """False under ``LOWVM_PLAIN_ADDRESSES=1`` (or a comma list naming ``kind``:
-    ``cp_async``, ``ldmatrix``): those accesses then compute their own addresses (the
-    lowering before the related one; kept to measure one against the other)."""
+    ``cp_async``, ``ldmatrix``, ``global_vector``): those accesses then compute their own
+    addresses (the lowering before the related one; kept to measure one against the
+    other)."""
     plain = os.environ.get("LOWVM_PLAIN_ADDRESSES", "").split(",")
     return "1" not in plain and kind not in plain
 
@@ -141,6 +142,11 @@ def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
     reg = f"*reinterpret_cast<{vt}*>(&{cg.name(tile)}[l])"
 
     def body() -> None:
+        if is_load and getattr(inst, "inbounds", None) and not isinstance(memory, SharedTensor):
+            deltas = _vector_deltas(lay, width, "global_vector")
+            if deltas is not None:
+                _emit_related_loads(inst, cg, vt, width, deltas)
+                return
         cg.line("#pragma unroll")
         with cg.block(f"for (int l = 0; l < {lay.local_size}; l += {width})"):
             rel = [cg.index(lay, d) for d in range(lay.rank)]
@@ -162,6 +168,48 @@ def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
 
     cg.line(f"// {inst}")
     _guarded(cg, inst, access, body)
+
+
+def _vector_deltas(lay, width: int, kind: str) -> list[list[int]] | None:
+    """Per vector access ``l = 0, width, ..`` of a tile, its index minus access 0's, when
+    that is the same for every thread (the usual case: locals are outer modes); None
+    otherwise or when ``kind``'s related addresses are off."""
+    if not related_addresses_enabled(kind):
+        return None
+    table = lay.table  # [threads, locals, rank]
+    out = []
+    for first in range(0, lay.local_size, width):
+        delta = table[:, first, :] - table[:, 0, :]
+        if not np.all(delta == delta[:1]):
+            return None
+        out.append([int(v) for v in delta[0]])
+    return out
+
+
+def _emit_related_loads(inst, cg: CudaContext, vt: str, width: int,
+                        deltas: list[list[int]]) -> None:
+    """An in-bounds vector load as one pointer (the first access's address) and each
+    access at a constant offset from it: the compiler then folds the offsets into the
+    loads' immediates, where one address per access cost an index, a multiply and a
+    64-bit add each, per K step in the GEMMs' main loops."""
+    memory, lay = inst.src, inst.out.layout
+    load = "__ldcg" if getattr(inst, "coherent", False) else "__ldg"
+    strides = memory.layout.strides
+    with cg.block(""):
+        ref, _ = global_ref(cg, memory, inst.offsets,
+                            [cg.index(lay, d, "0") for d in range(lay.rank)], wide=True)
+        cg.line(f"const auto* lowvm_g = &{ref};")
+        for v, delta in enumerate(deltas):
+            terms = []
+            for d, step in enumerate(delta):
+                stride = const_value(strides[d])
+                if not step:
+                    continue
+                terms.append(str(step * stride) if isinstance(stride, int) else
+                             f"(lowvm_i64){step} * {cg.expr(strides[d])}")
+            at = f"lowvm_g + {' + '.join(terms)}" if terms else "lowvm_g"
+            cg.line(f"*reinterpret_cast<{vt}*>(&{cg.name(inst.out)}[{v * width}]) = "
+                    f"{load}(reinterpret_cast<const {vt}*>({at}));")
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lowvm.dtypes import int32
-from lowvm.expr import Expr, Var, const_value
+from lowvm.expr import Expr, Var, const_value, is_const
 from lowvm.instructions.base import Instruction, register_instruction
 from lowvm.instructions.control import Sync
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
@@ -579,14 +579,19 @@ def _zero(dt) -> str:
     return "0"
 
 
-def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str]
-                ) -> tuple[str, str]:
-    """(element lvalue, in-bounds condition) of ``offsets + index`` in a global view."""
+def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str],
+               wide: bool = False) -> tuple[str, str]:
+    """(element lvalue, in-bounds condition) of ``offsets + index`` in a global view;
+    ``wide``: runtime strides multiply through ``lowvm_wide`` (one ``mul.wide.s32``;
+    for an address computed once per K step: elsewhere the asm keeps ptxas from
+    rearranging, which cost the prefill GEMM a spill)."""
     conds, terms = [], []
     for d, (off, rel) in enumerate(zip(offsets, index)):
         cg.line(f"const int i{d} = {cg.expr(off)} + {rel};")
         conds.append(f"i{d} >= 0 && i{d} < {cg.expr(tensor.layout.shape[d])}")
-        terms.append(f"(lowvm_i64)i{d} * {cg.expr(tensor.layout.strides[d])}")
+        stride = tensor.layout.strides[d]
+        terms.append(f"lowvm_wide(i{d}, {cg.expr(stride)})" if wide and not is_const(stride)
+                     else f"(lowvm_i64)i{d} * {cg.expr(stride)}")
     return f"{tensor.pointer.name}[{' + '.join(terms)}]", " && ".join(conds)
 
 

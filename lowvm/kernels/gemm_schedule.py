@@ -50,6 +50,10 @@ class GemmSchedule:
     #: layout) and only that row of the result is stored (decode at batch 1, where 15 of
     #: 16 rows would otherwise be zeros copied into shared memory); 0: ``bm``
     x_rows: int = 0
+    #: with ``x_rows=1``: each K step computes y^T = q^T x^T, the weights as the MMA's A
+    #: operand (16 of N per MMA) and x as B (8 columns, one used), so a step needs half
+    #: the MMAs, ldmatrix and scale multiplies of x as A (16 rows, one used)
+    swap_ab: bool = False
     #: run :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma` (sm_90a): ``bm`` rows
     #: of x by ``bn`` weight rows on ``warps_m`` = 4 x warpgroups warps (``warps_n`` = 1);
     #: ``split``, ``stages`` and ``prefetch`` as above, no other option
@@ -76,6 +80,8 @@ class GemmSchedule:
             c["x_whole"] = self.x_whole
         if self.x_rows:
             c["x_rows"] = self.x_rows
+        if self.swap_ab:
+            c["swap_ab"] = True
         return c
 
     def wgmma_constants(self) -> dict[str, int | bool | None]:
@@ -103,11 +109,13 @@ class GemmSchedule:
 
 def with_fields(base: GemmSchedule, spec: str) -> GemmSchedule:
     """``base`` with the fields named in ``spec``, ``field=value/field=value`` (integers;
-    ``stages=0``: none; ``weights_shared``, ``fused_split`` and ``wgmma`` 0 or 1): how the benchmark
+    ``stages=0``: none; ``weights_shared``, ``fused_split``, ``swap_ab`` and ``wgmma`` 0
+    or 1): how the benchmark
     scripts' command lines name schedules. An empty ``spec`` is ``base``."""
     fields: dict[str, object] = {}
     for item in filter(None, spec.split("/")):
         key, value = item.split("=")
-        fields[key] = (bool(int(value)) if key in ("weights_shared", "fused_split", "wgmma")
+        fields[key] = (bool(int(value)) if key in ("weights_shared", "fused_split", "wgmma",
+                                                   "swap_ab")
                        else int(value) or None if key == "stages" else int(value))
     return replace(base, **fields)

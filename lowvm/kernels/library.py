@@ -267,7 +267,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
                                 warps_n=WEIGHT_WARPS_N, split=split, stages=None,
                                 prefetch=_x_whole_prefetch(steps // split, blocks * split,
                                                            num_sms),
-                                x_whole=kb, x_rows=1 if rows == 1 else 0)
+                                x_whole=kb, x_rows=1 if rows == 1 else 0,
+                                swap_ab=rows == 1)
     if m <= 16 and split < 8:
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=None,
@@ -410,6 +411,10 @@ def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:
     if s.x_whole and s.x_whole < k // s.split:
         return (f"x_whole = {s.x_whole} columns cannot hold a block's K range, K / split "
                 f"= {k // s.split}; accepted: x_whole >= {k // s.split}, or 0")
+    if s.swap_ab and not (s.x_rows == 1 and s.warps_m == 1 and not s.k_slice):
+        return (f"swap_ab computes y^T one row of x at a time: it needs x_rows=1, warps_m=1 "
+                f"and k_slice=0, got x_rows={s.x_rows}, warps_m={s.warps_m}, "
+                f"k_slice={s.k_slice}")
     return None
 
 
@@ -700,7 +705,7 @@ def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         s = schedule or choose_prefill_schedule(m, n, k, weight.bk, weight.wtype,
                                                 _device_arch(weight.packed.device))
         extra = {f: getattr(s, f) for f in ("x_steps", "l2_ahead", "k_slice", "x_whole",
-                                            "x_rows", "wgmma") if getattr(s, f)}
+                                            "x_rows", "swap_ab", "wgmma") if getattr(s, f)}
         if extra:
             raise LowvmError(f"prefill schedule {s}: {extra} are options of quant_gemm's "
                              "decode body or the wgmma kernel; quant_gemm_prefill takes none "
@@ -853,9 +858,9 @@ def wgmma_refusal(s: GemmSchedule, n: int, k: int, bk: int, wtype: DType | None 
         return (f"K / bk = {k // bk} steps must be a multiple of split x prefetch = "
                 f"{s.split * s.prefetch} (both >= 1)")
     if (s.weights_shared or s.min_blocks != 1 or s.x_steps or s.l2_ahead or s.k_slice
-            or s.x_whole or s.x_rows):
+            or s.x_whole or s.x_rows or s.swap_ab):
         return ("the wgmma GEMM takes no weights_shared, min_blocks, x_steps, l2_ahead, "
-                "k_slice, x_whole or x_rows")
+                "k_slice, x_whole, x_rows or swap_ab")
     if s.stages is not None and s.stages < 1:
         return f"stages={s.stages} must be None or >= 1"
     x_bytes = max(1, s.stages or 1) * (bk // 64) * s.prefetch * s.bm * 128  # 1 KB panels

@@ -66,7 +66,14 @@ from lowvm.kernels.weight_format import (
     unpack_repacked,
     weight_layouts,
 )
-from lowvm.layouts import reduce, shared_row_major, shared_strided, swizzle_128b
+from lowvm.layouts import (
+    RegisterLayout,
+    permute,
+    reduce,
+    shared_row_major,
+    shared_strided,
+    swizzle_128b,
+)
 from lowvm.passes.software_pipeline import staged_layout
 
 # the schedule and the weight format live in their own modules; their names stay
@@ -161,9 +168,13 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
                      weights_shared: bool = False, fused_split: bool = True,
                      min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                     k_slice: int = 0, x_whole: int = 0, x_rows: int = 0) -> None:
+                     k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
+                     swap_ab: bool = False) -> None:
     """The program, for activations of ``adtype`` (float16 or bfloat16)."""
     ks = k_slice or bk
+    vm.static_assert(not swap_ab or (x_rows == 1 and warps_m == 1 and not k_slice),
+                     f"swap_ab computes y^T one row of x at a time: it needs x_rows=1, "
+                     f"warps_m=1 and k_slice=0, got {x_rows}, {warps_m}, {k_slice}")
     vm.static_assert(x_rows in (0, 1, bm), f"x_rows={x_rows} must be 0 (bm), 1 or bm={bm}")
     vm.static_assert(x_rows != 1 or x_whole, f"x_rows=1 reads one row of x as every row "
                      f"of the MMA tile, which needs x_whole (x resident for the block's K "
@@ -195,8 +206,11 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                      f"prefetch={prefetch}")
     lw, lay = b.lw, b.lw.mma
     sliced = _slices(bm, bn, bk, warps_m, warps_n, ks, adtype)
+    swapped = _swapped(bn, bk, warps_n, adtype) if swap_ab else None
     group_layout = reduce(lay.b, [0], keepdims=True)  # zero points, next to the codes
     scale_layout = reduce(lay.c, [0], keepdims=True)  # scales, next to the products
+    if swapped is not None:
+        group_layout = reduce(swapped.weights, [0], keepdims=True)
 
     if not x_whole:
         # x for `xs` K steps at a time (fewer copies, address computations and barriers
@@ -206,11 +220,15 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         swizzled = xk * adtype.nbits // 8 >= 128
         sx = vm.shared_tensor(adtype, [bm, xk],
                               swizzle_128b(bm, xk, adtype) if swizzled else None)
-    acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
+    acc = (vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0) if swapped is None
+           else vm.register_tensor(vm.float32, [bn, 8], swapped.mma.c, init=0.0))
     last = b.k_tile0 + b.k_steps - 1
 
     # (group tensor, its register layout): the scales, and the zeros with zero points
     groups = [(b.gs, scale_layout)] + ([(b.gz, group_layout)] if zero_point else [])
+    if swapped is not None:  # the scales as a column [bn, 1], next to the products of y^T
+        groups[0] = (vm.global_view(scales, [n, k // group], [1, n]),
+                     reduce(swapped.mma.c, [1], keepdims=True))
 
     def ask_l2(kt):
         """Prefetch K step kt's weights, scales (and zeros) into the L2 (clamped like
@@ -226,8 +244,13 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
         spares the CUDA code a bounds test per load)."""
         kt = minimum(kt, last)
         g = [kt * bk // group, b.col0]
-        return [b.load_weights(kt)] + [vm.load_global(t, g, [1, bn], layout, inbounds=True)
-                                       for t, layout in groups]
+        loads = [b.load_weights(kt)]
+        for i, (t, layout) in enumerate(groups):
+            if swapped is not None and i == 0:  # scales of y^T: a column
+                loads.append(vm.load_global(t, g[::-1], [bn, 1], layout, inbounds=True))
+            else:
+                loads.append(vm.load_global(t, g, [1, bn], layout, inbounds=True))
+        return loads
 
     # `prefetch` K steps of weights and scales in flight per thread, in round-robin
     # register buffers: step s uses buffer s % prefetch and then reloads it for step
@@ -243,9 +266,10 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     if x_whole:
         _whole_x_loop(b, bufs, step_data, acc, wtype, adtype, zero_point, sliced, prefetch,
                       x_rows or bm, x_whole,
-                      (lambda kt: ask_l2(kt + prefetch + l2_ahead)) if l2_ahead else None)
+                      (lambda kt: ask_l2(kt + prefetch + l2_ahead)) if l2_ahead else None,
+                      swapped)
         store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split,
-                     x_rows)
+                     x_rows, transposed=swapped is not None)
         return
     for it in vm.range(b.k_steps // xs, stages=stages):
         kt0 = b.k_tile0 + it * xs
@@ -270,7 +294,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
 
 def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
                   zero_point: bool, sliced, prefetch: int, rows: int, x_whole: int,
-                  ask_l2=None) -> None:
+                  ask_l2=None, swapped: _Swapped | None = None) -> None:
     """The main loop of an ``x_whole`` schedule: x's ``rows`` rows for the block's whole K
     range (``x_whole`` columns; past K they read as zeros) are copied into shared memory
     once, then every step reads its slice of x from there, so the loop has no copy and
@@ -314,7 +338,7 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
             step = it * prefetch + j
             _multiply_step(sx, lambda c, step=step: x_at(step, c), packed, scale,
                            zero[0] if zero_point else None, acc, lw, wtype, adtype,
-                           zero_point, sliced)
+                           zero_point, sliced, swapped)
             for dst, src in zip(buf, step_data(b.k_tile0 + step + prefetch)):
                 vm.assign(dst, src)
             if ask_l2 is not None:
@@ -323,7 +347,8 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
 
 
 def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
-                 split: int, fused: bool = True, rows: int = 0) -> None:
+                 split: int, fused: bool = True, rows: int = 0,
+                 transposed: bool = False) -> None:
     """Store block ``(x, ., z)``'s result rows: the first ``rows`` (0: all ``bm``) of the
     ``bm x bn`` tile ``acc`` (f32), as ``adtype``.
 
@@ -333,38 +358,59 @@ def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
     needs no second kernel and ``ws`` and ``counters`` (int32, one per output tile, 0
     at the start) are left ready for the next launch. Not ``fused``: only the atomic
     adds; :func:`finish_split` then converts and clears ``ws``.
+
+    ``transposed``: ``acc`` is the tile of y^T (``bn x`` its width, :func:`_swapped`),
+    stored through transposed views of ``y`` and ``ws``.
     """
     rows = rows or bm
     row0, col0 = vm.block_index(2) * rows, vm.block_index(0) * bn
     # rows past the block's own (x_rows < bm: copies of its row) fall outside the views
     end = m if rows == bm else minimum(m, row0 + rows)
-    gy = vm.global_view(y, [end, n], [n, 1])
+
+    def view(ptr):
+        """``ptr`` as ``[m, n]`` (or ``[n, m]`` with ``transposed``), cut at ``end``."""
+        return (vm.global_view(ptr, [n, end], [1, n]) if transposed
+                else vm.global_view(ptr, [end, n], [n, 1]))
+
+    at = [col0, row0] if transposed else [row0, col0]
+    gy = view(y)
     if split == 1:
-        vm.store_global(gy, vm.cast(acc, adtype), [row0, col0])
+        vm.store_global(gy, vm.cast(acc, adtype), at)
         return
-    gws = vm.global_view(ws, [end, n], [n, 1])
-    vm.atomic_add(gws, acc, [row0, col0])
+    gws = view(ws)
+    vm.atomic_add(gws, acc, at)
     if not fused:
         return
     tiles_n = vm.cdiv(n, bn)
     gc = vm.global_view(counters, [tiles_n * vm.cdiv(m, rows)])
     seen = vm.arrive(gc, [vm.block_index(2) * tiles_n + vm.block_index(0)], split)
     with vm.if_(seen.equals(split - 1)):  # the last part of this tile: finish it
-        total = vm.load_global(gws, [row0, col0], [bm, bn], acc.layout, coherent=True)
-        vm.store_global(gy, vm.cast(total, adtype), [row0, col0])
-        vm.store_global(gws, vm.register_tensor(vm.float32, [bm, bn], acc.layout, init=0.0),
-                        [row0, col0])
+        total = vm.load_global(gws, at, list(acc.shape), acc.layout, coherent=True)
+        vm.store_global(gy, vm.cast(total, adtype), at)
+        vm.store_global(gws, vm.register_tensor(vm.float32, list(acc.shape), acc.layout,
+                                                init=0.0), at)
 
 
 def _multiply_step(sx, x_at, packed, scale, zero, acc, lw: WeightLayouts, wtype: DType,
-                   adtype: DType, zero_point: bool, sliced: BlockMmaLayouts | None) -> None:
+                   adtype: DType, zero_point: bool, sliced: BlockMmaLayouts | None,
+                   swapped: _Swapped | None = None) -> None:
     """``acc += (x @ q) * scale`` for one K step, whose x column ``c`` (0 <= c < bk) lies
     at offsets ``x_at(c)`` of ``sx`` (``q - zero`` with zero points); with ``sliced`` (the
-    MMA layouts of a K slice), one slice of x at a time."""
+    MMA layouts of a K slice), one slice of x at a time; with ``swapped``, ``acc^T +=
+    (q^T @ x^T) * scale^T`` (:func:`_swapped`)."""
     lay = lw.mma
-    wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=lay.b)
+    order = lay.b if swapped is None else swapped.weights
+    wk = vm.cast(vm.view(packed, wtype, lw.values), adtype, layout=order)
     if zero_point:  # (q - zero) is exact in f16/bf16 for codes of <= 8 bits
         wk = wk - zero
+    if swapped is not None:
+        bk = wk.shape[0]
+        mma = swapped.mma
+        xt = vm.transpose(vm.load_shared(sx, swapped.x_rows, x_at(0), [8, bk]))
+        part = vm.register_tensor(vm.float32, list(acc.shape), mma.c, init=0.0)
+        part = vm.dot(vm.transpose(wk), xt, part)
+        vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
+        return
     # the step's group scale multiplies the f32 products (bm x bn per block), not the f16
     # weights (bk x bn): fewer multiplies, and no f16 rounding of w
     bm, bn = acc.shape
@@ -378,6 +424,27 @@ def _multiply_step(sx, x_at, packed, scale, zero, acc, lw: WeightLayouts, wtype:
             xa = vm.load_shared(sx, sliced.a, x_at(kk * ks), [bm, ks])
             part = vm.dot(xa, vm.extract(wk, [kk * ks, 0], [ks, bn], sliced.b), part)
     vm.fma(part, vm.cast(scale, vm.float32), acc, out=acc)
+
+
+@dataclass(frozen=True)
+class _Swapped:
+    """Layouts of a K step computed as ``y^T = q^T @ x^T`` (``swap_ab``).
+
+    At batch 1 an MMA with x as A (16 rows) uses one row of 16; with the weights as A
+    (16 of N) and x as B (8 columns) it uses one column of 8, so a step needs half the
+    ``mma.sync``, ``ldmatrix`` and scale multiplies. The weights' A fragments hold the
+    same codes per thread as their B fragments (rows g and g + 8 of A are the two n-tiles
+    of B), so the repacked format and its conversion are unchanged: only the registers'
+    order (``weights``, a renaming) differs."""
+
+    mma: BlockMmaLayouts  # A [bn, bk] weights, B [bk, 8] x, C [bn, 8] y^T
+    weights: RegisterLayout  # the converted weights as [bk, bn]: mma.a transposed
+    x_rows: RegisterLayout  # x as [8, bk] rows (read from shared): mma.b transposed
+
+
+def _swapped(bn: int, bk: int, warps_n: int, adtype: DType) -> _Swapped:
+    mma = block_mma_layouts(bn, 8, bk, warps_n, 1, adtype)
+    return _Swapped(mma, permute(mma.a, (1, 0)), permute(mma.b, (1, 0)))
 
 
 def _slices(bm: int, bn: int, bk: int, warps_m: int, warps_n: int, k_slice: int,
@@ -442,7 +509,8 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
                bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
                stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
                fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0,
-               l2_ahead: int = 0, k_slice: int = 0, x_whole: int = 0, x_rows: int = 0):
+               l2_ahead: int = 0, k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
+               swap_ab: bool = False):
     """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
     (:func:`store_result`).
 
@@ -452,7 +520,7 @@ def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
                      zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice, x_whole, x_rows)
+                     k_slice, x_whole, x_rows, swap_ab)
 
 
 @vm.program
@@ -466,12 +534,13 @@ def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16
                     stages: int | None = None, prefetch: int = 1,
                     weights_shared: bool = False, fused_split: bool = True,
                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                    k_slice: int = 0, x_whole: int = 0, x_rows: int = 0):
+                    k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
+                    swap_ab: bool = False):
     """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
     _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
                      group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
                      prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice, x_whole, x_rows)
+                     k_slice, x_whole, x_rows, swap_ab)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:

@@ -125,7 +125,7 @@ class TuneCache:
 
 
 _TYPES: dict[str, type] = {"GemmSchedule": GemmSchedule, "Schedule": Schedule}
-_BOOL_FIELDS = {"weights_shared", "fused_split", "wgmma"}
+_BOOL_FIELDS = {"weights_shared", "fused_split", "swap_ab", "wgmma"}
 
 
 def schedule_to_json(s: GemmSchedule | Schedule) -> dict[str, Any]:

@@ -197,8 +197,9 @@ def library_space(problem: Problem, builtin: GemmSchedule | None = None
     format's 64, 32 or 16 columns (1-4 of its warps), and by path:
 
     * decode (M <= 16): x held whole (``x_whole``, where it fits ``X_WHOLE_BYTES``; at
-      M = 1 also one row, ``x_rows=1``) or streamed (``stages`` in :data:`STAGES`, or
-      weights staged in shared memory), ``prefetch`` in :data:`PREFETCHES`;
+      M = 1 also one row, ``x_rows=1``, with x as the MMA's A or B operand, ``swap_ab``)
+      or streamed (``stages`` in :data:`STAGES`, or weights staged in shared memory),
+      ``prefetch`` in :data:`PREFETCHES`;
     * 16 < M <= 64: one M-warp with ``k_slice`` 16 or 32, or two with any of
       :data:`K_SLICES`; x streamed; split sums finished by a second kernel like the
       built-in choice;
@@ -245,8 +246,10 @@ def library_space(problem: Problem, builtin: GemmSchedule | None = None
             if decode:
                 for rows in ((1, bm) if m == 1 else (bm,)):
                     if _x_whole_fits(rows, k // split, problem.act_bytes):
-                        add(GemmSchedule(**common, stages=None, prefetch=prefetch,
-                                         x_whole=k // split, x_rows=1 if rows == 1 else 0))
+                        for swap in ((True, False) if rows == 1 else (False,)):
+                            add(GemmSchedule(**common, stages=None, prefetch=prefetch,
+                                             x_whole=k // split, x_rows=1 if rows == 1 else 0,
+                                             swap_ab=swap))
             for stages in STAGES:
                 if stages is None or block_steps // prefetch >= stages:
                     add(GemmSchedule(**common, stages=stages, prefetch=prefetch))
