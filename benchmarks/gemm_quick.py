@@ -259,7 +259,7 @@ def main() -> None:
                                      min_blocks=s.min_blocks, bn=s.bn, x_steps=s.x_steps,
                                      l2_ahead=s.l2_ahead, k_slice=s.k_slice,
                                      x_whole=s.x_whole, x_rows=s.x_rows,
-                                     warps_m=s.warps_m,
+                                     swap_ab=s.swap_ab, warps_m=s.warps_m,
                                      bm=s.bm, us=us, rel_err=err, graph=args.graph,
                                      overlap=args.overlap,
                                      host_us=host_us,
