@@ -208,7 +208,11 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     0 to 23 % faster than streaming x (8192 x 10240: 27.5 -> 21.2 us; NOTES.md, sixth
     session). ``x_whole=False`` gives the schedules that stream x through shared memory
     every step or every ``prefetch`` steps (the choice before; kept for comparison and for
-    K ranges that do not fit). At 8 < M <= 16, where 16 rows would be held at split 8, x
+    K ranges that do not fit). At M = 1 the step runs with the weights as the MMA's A
+    operand (``swap_ab``): half the MMAs; in graphs int4 26.1 -> 24.2 us on 4096 x 28672,
+    15.8 -> 14.8 on 14336 x 4096, int3 27.4 -> 21.6 and 15.5 -> 13.2 (NOTES.md, twelfth
+    session; the split and prefetch rules stayed best for it). At 8 < M <= 16, where 16
+    rows would be held at split 8, x
     is streamed at split 4 with two steps of weights in flight instead, where that still
     gives a block per SM (ninth session).
 
