@@ -64,6 +64,15 @@ EXAMPLES = {
     # int3 held whole in its split_pairs order (spliced words, gathered bytes)
     "quant_gemm_int3_x_whole_one_row": (quant_gemm, {"wtype": lowvm.int3, **GemmSchedule(
         prefetch=4, x_whole=4096, x_rows=1).constants()}),
+    # batch 1 with the weights as the MMA's A operand (swap_ab, the library's M = 1
+    # choice): int4 unsplit, uint4 with zero points at split 8, int3
+    "quant_gemm_int4_swap_ab": (quant_gemm, {"wtype": lowvm.int4, **GemmSchedule(
+        prefetch=4, x_whole=4096, x_rows=1, swap_ab=True).constants()}),
+    "quant_gemm_uint4_zeros_swap_ab_split8": (quant_gemm, {
+        "wtype": lowvm.uint4, "zero_point": True, **GemmSchedule(
+            split=8, prefetch=1, x_whole=512, x_rows=1, swap_ab=True).constants()}),
+    "quant_gemm_int3_swap_ab": (quant_gemm, {"wtype": lowvm.int3, **GemmSchedule(
+        prefetch=4, x_whole=4096, x_rows=1, swap_ab=True).constants()}),
     "finish_split": (finish_split, {}),
     "repack_int4": (repack_program, {"wtype": lowvm.int4}),
     "repack_e3m2_bk32": (repack_program, {"wtype": lowvm.float6_e3m2, "bk": 32}),

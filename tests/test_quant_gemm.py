@@ -214,6 +214,10 @@ def test_choose_schedule_holds_x_whole_where_it_fits():
     assert choose_schedule(16, 28672, 4096, 128).x_whole == 0  # 16 x 4096 x 2 B: too big
     assert choose_schedule(1, 28672, 4096, 128, x_whole=False).x_whole == 0
     assert choose_schedule(64, 6144, 4096, 128).x_whole == 0
+    # the weights as the MMA's A operand: where one row of x is held, and only there
+    assert one.swap_ab and down.swap_ab
+    assert not any(choose_schedule(m, 6144, 4096, 128).swap_ab for m in (2, 8, 16, 64))
+    assert not choose_schedule(1, 28672, 4096, 128, x_whole=False).swap_ab
 
 
 def test_choose_schedule_streams_x_at_split_4_for_9_to_16_rows():

@@ -114,9 +114,11 @@ def _run(lines: list[str], threads: int) -> list[tuple]:
 
 
 def _emit(program, inst, plain: bool, monkeypatch) -> list[str]:
-    if plain:
+    """``inst``'s CUDA lines, with (``plain``) or without the related addresses; with
+    ``monkeypatch`` None, under the environment as the caller set it."""
+    if monkeypatch is not None and plain:
         monkeypatch.setenv("LOWVM_PLAIN_ADDRESSES", "1")
-    else:
+    elif monkeypatch is not None:
         monkeypatch.delenv("LOWVM_PLAIN_ADDRESSES", raising=False)
     cg = CudaContext(program)
     cg.shared_offsets = allocate_shared(program)[0]
@@ -183,3 +185,94 @@ def test_swizzled_rows_eight_apart_differ_by_an_add_columns_by_a_xor():
     plain = shared_row_major(16, 64)
     assert relation(swizzled_offsets(plain, [rows, cols]),
                     swizzled_offsets(plain, [rows, cols + 8])) == Relation(0, 8)
+
+
+# ---------------------------------------------------------------------------------------
+# global vector loads: one pointer and constant offsets against an address per access
+
+_GLOBAL_SIZES = dict(m=5, n=320, k=2048, blockIdx_x=3, blockIdx_y=1, blockIdx_z=2)
+
+
+def _global_value(expr: str, env: dict) -> np.ndarray:
+    """A C index expression of the global loads as numpy (``lowvm_wide`` a multiply)."""
+    expr = expr.replace("(lowvm_i64)", "").replace("blockIdx.", "blockIdx_")
+    expr = re.sub(r"\bmin\(", "np.minimum(", expr.replace("/", "//"))
+    expr = re.sub(r"\bmax\(", "np.maximum(", expr)
+    return np.asarray(eval(expr, {}, env))
+
+
+_LOAD = re.compile(r"\*reinterpret_cast<[\w ]+\*>\(&(\w+)\[(.*?)\]\) = "
+                   r"__ld\w+\(reinterpret_cast<const [\w ]+\*>\((.*)\)\);")
+
+
+def _global_loads(lines: list[str], threads: int) -> dict[int, np.ndarray]:
+    """Per register slot, every thread's element index of the emitted vector load (the
+    vector branch of a guarded one; the evaluator knows declarations, the unrolled
+    ``l`` loop, ``lowvm_g`` and the load lines)."""
+    env = _Runtime(_GLOBAL_SIZES, tid=np.arange(threads), np=np, lowvm_wide=np.multiply)
+    out, body, loop = {}, [], None
+    for line in (raw.strip() for raw in lines):
+        if line.startswith("else"):
+            break
+        body.append(line)
+
+    def run(line: str) -> None:
+        if line.startswith("const auto* lowvm_g = &"):
+            env["lowvm_g"] = _global_value(re.fullmatch(r".*?&\w+\[(.*)\];", line)[1], env)
+        elif line.startswith("const int "):
+            name, expr = re.fullmatch(r"const int (\w+) = (.*);", line).groups()
+            env[name] = _global_value(expr, env)
+        elif (load := _LOAD.fullmatch(line)) is not None:
+            slot, address = int(_global_value(load[2], env)), load[3]
+            inner = re.fullmatch(r"&\w+\[(.*)\]", address)
+            index = _global_value(inner[1] if inner else address, env)
+            out[slot] = np.broadcast_to(index, (threads,)).copy()
+
+    for line in body:
+        head = re.fullmatch(r"for \(int l = 0; l < (\d+); l \+= (\d+)\) \{", line)
+        if head:
+            loop = (int(head[1]), int(head[2]), [])
+        elif loop is not None and line == "}":
+            for first in range(0, loop[0], loop[1]):
+                env["l"] = first
+                for inner_line in loop[2]:
+                    run(inner_line)
+            loop = None
+        elif loop is not None:
+            loop[2].append(line)
+        else:
+            run(line)
+    return out
+
+
+def _global_vector_loads(name: str):
+    from lowvm.instructions.memory import LoadGlobal
+    from lowvm.passes.vectorize import VectorAccess
+
+    template, constants = EXAMPLES[name]
+    program = run_passes(template.build(**constants))
+    return program, [i for i in program.instructions() if isinstance(i, LoadGlobal)
+                     and i.inbounds and isinstance(i.impl, VectorAccess)]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in EXAMPLES if _global_vector_loads(n)[1]))
+def test_related_global_loads_match_the_per_access_ones(name, monkeypatch):
+    """Every in-bounds vector load of the example kernels reads, per thread and register,
+    the element its per-access lowering (``LOWVM_PLAIN_ADDRESSES=global_vector``) reads."""
+    program, loads = _global_vector_loads(name)
+    related_seen = 0
+    for inst in loads:
+        monkeypatch.setenv("LOWVM_PLAIN_ADDRESSES", "global_vector")
+        plain_lines = _emit(program, inst, False, monkeypatch=None)
+        monkeypatch.delenv("LOWVM_PLAIN_ADDRESSES")
+        lines = _emit(program, inst, False, monkeypatch=None)
+        if lines == plain_lines:
+            continue
+        related_seen += 1
+        assert any("lowvm_g" in line for line in lines), inst
+        plain = _global_loads(plain_lines, program.num_threads)
+        related = _global_loads(lines, program.num_threads)
+        assert plain and plain.keys() == related.keys(), inst
+        for slot, index in plain.items():
+            assert np.array_equal(index, related[slot]), (inst, slot)
+    assert related_seen, f"{name}: no load took the related lowering"

@@ -71,6 +71,8 @@ def test_the_space_varies_split_prefetch_stages_x_whole_and_k_slice():
     assert {s.prefetch for s in decode} == {1, 2, 4}
     assert {s.stages for s in decode if not s.x_whole} == {None, 2, 3, 4}
     assert {s.x_rows for s in decode if s.x_whole} == {0, 1}
+    assert {s.swap_ab for s in decode if s.x_rows == 1} == {True, False}
+    assert not any(s.swap_ab for s in decode if s.x_rows != 1)
     assert any(s.weights_shared for s in decode) and {s.bn for s in decode} == {16, 32, 64}
     assert not any(s.k_slice for s in decode)
     assert {bool(s.x_whole) for s in library_space(Problem(4, 4096, 4096, 4, 128))} == {
@@ -234,3 +236,18 @@ def test_a_wgmma_schedule_is_not_a_quant_gemm_one():
 
     s = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
     assert "wgmma schedule" in plan_refusal(s, 4096, 128)
+
+
+def test_swap_ab_is_refused_without_one_held_row_of_x():
+    """swap_ab computes y^T one row of x at a time: plan_refusal (so quant_linear and the
+    tuner) names it with x_rows, warps_m and k_slice when they do not allow that."""
+    from lowvm.kernels.gemm_schedule import GemmSchedule
+    from lowvm.kernels.library import plan_refusal
+
+    ok = GemmSchedule(x_whole=4096, x_rows=1, swap_ab=True)
+    assert plan_refusal(ok, 4096, 128) is None
+    for bad, shown in ((dataclasses.replace(ok, x_rows=0), "x_rows=0"),
+                       (dataclasses.replace(ok, bm=32, warps_m=2), "warps_m=2"),
+                       (dataclasses.replace(ok, k_slice=32), "k_slice=32")):
+        reason = plan_refusal(bad, 4096, 128)
+        assert reason and "swap_ab" in reason and shown in reason, reason

@@ -189,9 +189,10 @@ def _vector_deltas(lay, width: int, kind: str) -> list[list[int]] | None:
 def _emit_related_loads(inst, cg: CudaContext, vt: str, width: int,
                         deltas: list[list[int]]) -> None:
     """An in-bounds vector load as one pointer (the first access's address) and each
-    access at a constant offset from it: the compiler then folds the offsets into the
-    loads' immediates, where one address per access cost an index, a multiply and a
-    64-bit add each, per K step in the GEMMs' main loops."""
+    access at an offset from it that is the same for every thread: along dims of
+    constant stride the compiler folds it into the loads' immediates, where one address
+    per access cost an index, a multiply and a 64-bit add each, per K step in the GEMMs'
+    main loops (a runtime stride leaves one multiply, computed once)."""
     memory, lay = inst.src, inst.out.layout
     load = "__ldcg" if getattr(inst, "coherent", False) else "__ldg"
     strides = memory.layout.strides

@@ -50,9 +50,10 @@ class GemmSchedule:
     #: layout) and only that row of the result is stored (decode at batch 1, where 15 of
     #: 16 rows would otherwise be zeros copied into shared memory); 0: ``bm``
     x_rows: int = 0
-    #: with ``x_rows=1``: each K step computes y^T = q^T x^T, the weights as the MMA's A
-    #: operand (16 of N per MMA) and x as B (8 columns, one used), so a step needs half
-    #: the MMAs, ldmatrix and scale multiplies of x as A (16 rows, one used)
+    #: with ``x_rows=1`` (so ``x_whole``), ``warps_m=1`` and no ``k_slice``: each K step
+    #: computes y^T = q^T x^T, the weights as the MMA's A operand (16 of N per MMA) and x
+    #: as B (8 columns, one used), so a step needs half the MMAs, ldmatrix and scale
+    #: multiplies of x as A (16 rows, one used)
     swap_ab: bool = False
     #: run :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma` (sm_90a): ``bm`` rows
     #: of x by ``bn`` weight rows on ``warps_m`` = 4 x warpgroups warps (``warps_n`` = 1);

@@ -238,10 +238,11 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
 
     def ask_l2(kt):
         """Prefetch K step kt's weights, scales (and zeros) into the L2 (clamped like
-        step_data)."""
+        step_data; the scales through their row-major view, whose rows are contiguous,
+        also where ``swapped`` loads them as a column)."""
         kt = minimum(kt, last)
         b.prefetch_weights(kt)
-        for t, _ in groups:
+        for t in [b.gs] + ([b.gz] if zero_point else []):
             vm.prefetch_l2(t, [kt * bk // group, b.col0], [1, bn])
 
     def step_data(kt):
@@ -311,7 +312,8 @@ def _whole_x_loop(b: _Block, bufs, step_data, acc, wtype: DType, adtype: DType,
     swizzled ``[bm, bk]`` slab per K step (conflict-free ``ldmatrix``; the step selects
     its slab by offset, which commutes with the swizzle). ``ask_l2``, when given, is called
     with K step ``kt`` after that step's reload and asks the L2 for the step ``l2_ahead``
-    beyond the registers.
+    beyond the registers. With ``swapped`` (one row) each step runs with the weights as
+    the MMA's A operand (:class:`_Swapped`).
     """
     lw = b.lw
     bm, bk = lw.mma.a.shape[0], lw.mma.b.shape[0]
@@ -365,8 +367,9 @@ def store_result(acc, m, n, y, ws, counters, adtype: DType, bm: int, bn: int,
     at the start) are left ready for the next launch. Not ``fused``: only the atomic
     adds; :func:`finish_split` then converts and clears ``ws``.
 
-    ``transposed``: ``acc`` is the tile of y^T (``bn x`` its width, :func:`_swapped`),
-    stored through transposed views of ``y`` and ``ws``.
+    ``transposed``: ``acc`` is a ``[bn, 8]`` tile of y^T (:func:`_swapped`), stored
+    through transposed views of ``y`` and ``ws``; its columns past the block's ``rows``
+    fall outside them.
     """
     rows = rows or bm
     row0, col0 = vm.block_index(2) * rows, vm.block_index(0) * bn
@@ -434,7 +437,8 @@ def _multiply_step(sx, x_at, packed, scale, zero, acc, lw: WeightLayouts, wtype:
 
 @dataclass(frozen=True)
 class _Swapped:
-    """Layouts of a K step computed as ``y^T = q^T @ x^T`` (``swap_ab``).
+    """Layouts of a K step computed as ``y^T = q^T @ x^T`` (``swap_ab``; the step of
+    :func:`_whole_x_loop` with one row of x).
 
     At batch 1 an MMA with x as A (16 rows) uses one row of 16; with the weights as A
     (16 of N) and x as B (8 columns) it uses one column of 8, so a step needs half the
