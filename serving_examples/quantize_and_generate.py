@@ -23,7 +23,11 @@ Reported, per model:
 * weight memory: ``stored`` (the state dict: packed codes, scales, zeros, dense rest) and
   ``resident`` (every parameter and buffer, including the kernel's repacked copy);
 * quality vs float16 on fixed prompts: relative error of the last position's logits and
-  top-1 agreement over all positions; the first greedy tokens of a fixed prompt;
+  top-1 agreement over all positions; each quantized layer's relative error against its
+  float16 original on the activations the float16 model feeds it (median and largest over
+  the layers: what quantization itself costs, where the logits' figures compound it
+  through every later layer, which on random weights swamps them); the first greedy
+  tokens of a fixed prompt;
 * speed at each ``--batch-sizes``, greedy with exactly ``--new-tokens`` tokens from a
   ``--prompt-len``-token prompt, in each of ``--modes`` (batch-major: every model at the
   first batch size and mode before any at the next, so ``--time-budget`` cuts the last):
@@ -645,6 +649,44 @@ def quality(dense: Any, quant: Any, ids: torch.Tensor) -> dict[str, float]:
     return {"last_logits_rel_error": last, "top1_agreement": top1}
 
 
+def layer_errors(dense: Any, quant: Any, ids: torch.Tensor) -> dict[str, float]:
+    """Each quantized layer's output against its float16 original's, both fed the input the
+    float16 model gives that layer for ``ids`` (relative error ``|q(x) - f(x)| / |f(x)|``,
+    median and largest over the layers): the quantization's own error, which the last
+    logits' error compounds through every layer after it (on random weights, by far).
+    Call it before ``fuse_projections``: it pairs the layers by name."""
+    errors: list[float] = []
+    hooks = []
+
+    def compare(q: Any) -> Callable[..., None]:
+        def hook(_module: Any, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+            ref = output.float()
+            norm = ref.norm().item()
+            if norm > 0:
+                errors.append((q(inputs[0]).float() - ref).norm().item() / norm)
+        return hook
+
+    for name, module in dense.named_modules():
+        if not isinstance(module, torch.nn.Linear) or isinstance(module, lowvm.QuantLinear):
+            continue
+        try:
+            q = quant.get_submodule(name)
+        except AttributeError:
+            continue
+        if isinstance(q, lowvm.QuantLinear):
+            hooks.append(module.register_forward_hook(compare(q)))
+    try:
+        with torch.no_grad():
+            dense(ids, use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    if not errors:
+        return {}
+    return {"layer_rel_error_median": statistics.median(errors),
+            "layer_rel_error_max": max(errors), "layers_compared": len(errors)}
+
+
 def leading_equal(a: torch.Tensor, b: torch.Tensor) -> int:
     """Leading token positions where every sequence of ``a`` and ``b`` agrees."""
     n = min(a.shape[1], b.shape[1])
@@ -787,6 +829,11 @@ def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> A
         run.error(f"quantize {dtype}", exc)
         return None
     print(report, f"in {seconds:.1f} s", flush=True)
+    try:  # per layer, before fusing renames them
+        errors_by_layer = layer_errors(dense, quant, probes["quality_ids"])
+    except Exception as exc:  # noqa: BLE001  (recorded; speed is still measured)
+        run.error(f"layer errors {dtype}", exc)
+        errors_by_layer = {}
     fuse_info: dict[str, Any] = {"fused": False}
     if args.fuse:
         try:
@@ -810,7 +857,7 @@ def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> A
         info["gpu_bytes_added"] = torch.cuda.memory_allocated() - allocated
     run.result["models"][model_name(args, dtype)] = info
     try:
-        info["quality"] = quality(dense, quant, probes["quality_ids"])
+        info["quality"] = {**quality(dense, quant, probes["quality_ids"]), **errors_by_layer}
         info["generated"] = sample_tokens(quant, probes["sample_ids"], probes["tokenizer"],
                                           probes["sample_count"])
         if probes["tokenizer"] is None:
@@ -933,7 +980,8 @@ def format_table(result: dict[str, Any]) -> str:
             f"{_num(r.get('graph_breaks'), '6d')} {_num(r.get('cudagraph_skips'), '8d')} "
             f"{_fused(r):>5s} {r.get('attention', 'sdpa'):>5s}")
     lines += ["", f"{'model':12s} {'stored MiB':>10s} {'resident MiB':>12s} "
-              f"{'rel err (last logits)':>22s} {'top-1 agree':>11s}"]
+              f"{'rel err (last logits)':>22s} {'top-1 agree':>11s} "
+              f"{'layer rel err median':>20s} {'max':>6s}"]
     for name, info in result["models"].items():
         wb = info.get("weight_bytes", {})
         q = info.get("quality", {})
@@ -941,7 +989,9 @@ def format_table(result: dict[str, Any]) -> str:
         resident = wb.get("resident", math.nan) / 2**20
         lines.append(f"{name:12s} {_num(stored, '10.1f')} {_num(resident, '12.1f')} "
                      f"{_num(q.get('last_logits_rel_error'), '22.4f')} "
-                     f"{_num(q.get('top1_agreement'), '11.3f')}")
+                     f"{_num(q.get('top1_agreement'), '11.3f')} "
+                     f"{_num(q.get('layer_rel_error_median'), '20.4f')} "
+                     f"{_num(q.get('layer_rel_error_max'), '6.3f')}")
     if result.get("errors"):
         lines.append(f"{len(result['errors'])} error(s): see 'errors' in the JSON")
     return "\n".join(lines)

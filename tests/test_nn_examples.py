@@ -57,6 +57,9 @@ def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
         assert r["leading_tokens_equal"]["eager"] >= 1 and r["cuda_graph"] is False
     assert 0.0 <= int4["quality"]["top1_agreement"] <= 1.0
     assert 0.0 < int4["quality"]["last_logits_rel_error"] < 1.0
+    assert int4["quality"]["layers_compared"] == 14  # every quantized layer, once
+    assert 0.0 < int4["quality"]["layer_rel_error_median"] <= int4["quality"][
+        "layer_rel_error_max"] < 1.0
     assert result["errors"] == []
     table = capsys.readouterr().out.rsplit("device:", 1)[1]  # the table is printed last
     int4_b2 = next(line for line in table.splitlines() if line.startswith(f"{'int4':12s} {2:5d}"))
@@ -95,6 +98,28 @@ def test_time_budget_skips_and_records(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     run_example(monkeypatch, "--print-table", str(out), str(out))
     assert "not measured: time budget" in capsys.readouterr().out
+
+
+def test_layer_errors_follow_the_width_and_leave_the_models_alone(example):
+    """Per-layer errors against float16 on the float16 model's own activations: wider types
+    err less; int4 with group 64 on Gaussian weights lands near its rounding noise (step
+    ~absmax/7 with absmax ~2.4 sigma over 64 draws: ~0.1 of the output); the hooks are
+    removed, and the float16 model's logits are what they were."""
+    args = example["parse_args"]([])
+    torch.manual_seed(0)
+    dense = example["init_random"](example["random_config"](args), "cpu")
+    ids = torch.randint(0, 512, (2, 8))
+    before = dense(ids, use_cache=False).logits
+    medians = {}
+    for dtype in ("int8", "int4", "int2"):
+        quant, _ = example["quantized_copy"](dense, dtype, 64, ("lm_head",))
+        errors = example["layer_errors"](dense, quant, ids)
+        assert errors["layers_compared"] == 14
+        medians[dtype] = errors["layer_rel_error_median"]
+    assert 0 < medians["int8"] < medians["int4"] < medians["int2"], medians
+    assert 0.05 < medians["int4"] < 0.2 and medians["int8"] < 0.02, medians
+    assert not any(m._forward_hooks for m in dense.modules())
+    assert torch.equal(dense(ids, use_cache=False).logits, before)
 
 
 def test_llama3_8b_is_built_on_meta_without_memory(example):
