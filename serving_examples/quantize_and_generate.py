@@ -667,7 +667,7 @@ def layer_errors(dense: Any, quant: Any, ids: torch.Tensor) -> dict[str, float]:
         return hook
 
     for name, module in dense.named_modules():
-        if not isinstance(module, torch.nn.Linear) or isinstance(module, lowvm.QuantLinear):
+        if not isinstance(module, torch.nn.Linear):
             continue
         try:
             q = quant.get_submodule(name)
