@@ -334,8 +334,8 @@ def _binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
     elif op == "/" and _undoes_scaling(a, bv):
         # (x * c) / c is x: exact for integers (the VM's have no overflow) and, c a power
         # of two, for floats short of overflow; the C compiler cannot assume it (int32
-        # could wrap), so
-        # `kt * bk // group` with bk == group would cost a mask and a shift per use
+        # could wrap), so `kt * bk // group` with bk == group would cost a mask and a
+        # shift per use
         return a.lhs if _is_int(const_value(a.rhs), bv) else a.rhs
     elif op == "%" and bv == 1:
         return Const(0)
