@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 
 import lowvm
-from lowvm.codegen.cuda import generate_cuda
+from lowvm.driver import generate_cuda
 from lowvm.instructions import INSTRUCTIONS, OPS
 from lowvm.kernels.gemm_schedule import with_fields
 from lowvm.kernels.library import choose_schedule

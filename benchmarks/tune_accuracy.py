@@ -27,8 +27,7 @@ PROBLEMS = "1x4096x4096,1x4096x28672,1x14336x4096,16x4096x6144,16x8192x10240,64x
 
 def _compile(job: tuple[bool, str, dict]) -> str:
     """Compile one candidate's kernel into the disk cache (a worker process; no GPU)."""
-    from lowvm.codegen import generate_cuda
-    from lowvm.compile import arch_for
+    from lowvm.driver import arch_for, generate_cuda
     from lowvm.dtypes import dtype
     from lowvm.kernels.quant_gemm import quant_gemm
     from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma

@@ -5,15 +5,14 @@ give the data types; :mod:`lowvm.layouts` holds the layout algebra.
 """
 
 from lowvm import dtypes, layouts
-from lowvm.compile import CompiledProgram, compile  # noqa: A004
+from lowvm.driver import CompiledProgram, compile, generate_cuda  # noqa: A004
 from lowvm.dtypes import *  # noqa: F403  (every data type constant, dtype(), DType)
 from lowvm.dtypes import __all__ as _dtype_names
 from lowvm.errors import DTypeError, LayoutError, LowvmError
 from lowvm.interpreter import InterpretError, interpret
 from lowvm.ir import ProgramError
 from lowvm.nn.hf_hook import install as _install_hf_hook
-
-__version__ = "0.1.0"
+from lowvm.version import __version__ as __version__
 
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
 
@@ -39,6 +38,7 @@ __all__ = [
     "layouts",
     "interpret",
     "compile",
+    "generate_cuda",
     "CompiledProgram",
     "LowvmError",
     "DTypeError",

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
-import lowvm
+import lowvm.dtypes as dtypes
 from lowvm.dtypes import decode, encode, pack, unpack
 from lowvm.layouts import mma_layouts, swizzle_128b, visualize
+from lowvm.version import __version__
 
 
 def main() -> None:
     """Print the tour."""
-    print("lowvm", lowvm.__version__)
+    print("lowvm", __version__)
     print("\n== data types ==")
-    for dt in (lowvm.int3, lowvm.uint4, lowvm.float4_e2m1, lowvm.float6_e3m2, lowvm.float8_e4m3):
+    for dt in (dtypes.int3, dtypes.uint4, dtypes.float4_e2m1, dtypes.float6_e3m2,
+               dtypes.float8_e4m3):
         codes = np.arange(2**dt.nbits, dtype=np.uint8)
         values = np.unique(decode(codes, dt))
         print(
@@ -26,19 +28,19 @@ def main() -> None:
             f"{len(values)} distinct values"
         )
     x = np.array([1.3, -2.0, 3.7, -4.2, 0.4], dtype=np.float32)
-    codes = encode(x, lowvm.int3)
-    packed = pack(codes, lowvm.int3)
+    codes = encode(x, dtypes.int3)
+    packed = pack(codes, dtypes.int3)
     print(f"\nencode({x.tolist()}, int3) -> codes {codes.tolist()}")
     print(f"packed into {packed.nbytes} bytes: {[f'{b:08b}' for b in packed.tolist()]}")
-    print(f"unpacked and decoded: {decode(unpack(packed, lowvm.int3, len(x)), lowvm.int3)}")
+    print(f"unpacked and decoded: {decode(unpack(packed, dtypes.int3, len(x)), dtypes.int3)}")
 
     print("\n== the m16n8k16 accumulator (C) layout ==")
-    print(visualize(mma_layouts("m16n8k16", lowvm.float16).c))
+    print(visualize(mma_layouts("m16n8k16", dtypes.float16).c))
     print("\n== the m16n8k16 A operand layout ==")
-    print(visualize(mma_layouts("m16n8k16", lowvm.float16).a))
+    print(visualize(mma_layouts("m16n8k16", dtypes.float16).a))
     print("\n== 128-byte swizzle, 8 rows x 64 float16: the 16-byte chunk each element lands in ==")
-    print(visualize(swizzle_128b(8, 64, lowvm.float16)).splitlines()[0])
-    chunks = swizzle_128b(8, 64, lowvm.float16).offsets()[:, ::8] % 64 // 8
+    print(visualize(swizzle_128b(8, 64, dtypes.float16)).splitlines()[0])
+    chunks = swizzle_128b(8, 64, dtypes.float16).offsets()[:, ::8] % 64 // 8
     for row, c in enumerate(chunks):
         print(f"row {row}: chunks {c.tolist()}")
 

@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 import lowvm.lang as vm
-from lowvm.codegen import generate_cuda
 from lowvm.codegen.shared_alloc import allocate_shared
+from lowvm.driver import generate_cuda
 from lowvm.errors import LowvmError
 from tests.programs import EXAMPLES
 

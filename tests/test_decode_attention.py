@@ -113,7 +113,7 @@ def test_unsupported_constants_are_program_errors(bad, match):
                                                (decode_attention_rope, 4, 128),
                                                (decode_attention_rope_bf16, 2, 256)])
 def test_compiles_without_spills(arch, program, group, dim):
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
     from lowvm.runtime import resource_usage
 
     stages = 3 if dim <= 128 else 2  # as the op compiles them

@@ -15,8 +15,7 @@ import pytest
 
 import lowvm
 import lowvm.lang as vm
-from lowvm.codegen import generate_cuda
-from lowvm.compile import arch_for
+from lowvm.driver import arch_for, generate_cuda
 from lowvm.ir import ProgramError
 from lowvm.layouts import permute, swizzle_128b, wgmma_layouts
 from lowvm.passes import run_passes

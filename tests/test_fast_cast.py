@@ -19,11 +19,11 @@ import pytest
 
 import lowvm
 import lowvm.lang as vm
-from lowvm.codegen import generate_cuda
 from lowvm.codegen.fast_cast import Op, pair_span, plan_cast, plan_work, recipe, simulate
 from lowvm.codegen.prelude import PRELUDE
+from lowvm.driver import generate_cuda
 from lowvm.dtypes import all_dtypes, bfloat16, decode, float16, pack
-from lowvm.interpreter.values import from_codes, to_codes
+from lowvm.instructions.values import from_codes, to_codes
 
 LOW_BIT = [d for d in all_dtypes() if d.nbits <= 8]
 DSTS = [float16, bfloat16]

@@ -120,7 +120,7 @@ def asserted_inside(x: vm.ptr[vm.int32], y: vm.ptr[vm.int32], start: vm.int32,
 
 @pytest.mark.parametrize("per_thread", [1, 4])  # scalar and 16-byte vector loads
 def test_inbounds_loads_skip_the_test_in_cuda_and_are_checked_by_the_interpreter(per_thread):
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
     from lowvm.errors import LowvmError
 
     size = 32 * per_thread
@@ -151,7 +151,7 @@ def prefetched(n: vm.int32, rows: vm.int32, x: vm.ptr[vm.uint8], y: vm.ptr[vm.ui
 
 
 def test_prefetch_l2_changes_nothing_and_asks_each_sector_once():
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     x = np.arange(64 * 16, dtype=np.uint8)
     y = np.zeros_like(x)
@@ -176,7 +176,7 @@ def test_prefetch_l2_changes_nothing_and_asks_each_sector_once():
 def test_prefetch_l2_of_strided_rows_is_never_one_bulk_run():
     """A row whose elements are not adjacent (a transposed view) is not a contiguous run:
     it keeps the per-sector prefetches on every GPU."""
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     @vm.program(warps=1)
     def strided(x: vm.ptr[vm.float16]):
@@ -992,7 +992,7 @@ def extract_half(x: vm.ptr[vm.float32], y: vm.ptr[vm.float32], c: vm.ptr[vm.floa
 
 @pytest.mark.parametrize("row", [0, 8])
 def test_extract_takes_a_sub_tile_from_each_threads_own_registers(row):
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     x = f32(16, 8)
     y, c = np.zeros((8, 8), np.float32), np.zeros((8, 1), np.float32)
@@ -1103,7 +1103,7 @@ def test_arrive_lets_the_last_block_finish_and_resets_itself():
 
 
 def test_arrive_generated_code_fences_and_reads_through_l2():
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     src = generate_cuda(last_block_sums.build()).source
     # a barrier, thread 0's release fence, the ticket, its acquire fence, a barrier: in
@@ -1165,7 +1165,7 @@ def test_two_arrivals_in_one_scope_compile_and_count():
     lowvm.interpret(two_arrivals, counters, out)
     assert out.reshape(3, 32)[:, 0].tolist() == [0, 11, 22] and not counters.any()
     if shutil.which("nvcc"):
-        from lowvm.codegen import generate_cuda
+        from lowvm.driver import generate_cuda
         from lowvm.runtime import resource_usage
 
         cuda = generate_cuda(two_arrivals.build())

@@ -7,9 +7,9 @@ import numpy as np
 import lowvm
 import lowvm.lang as vm
 from lowvm.kernels.matmul_f16 import matmul_f16
-from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.kernels.quant_matmul import quant_matmul
 from lowvm.layouts import mma_layouts, spatial
+from lowvm.layouts.mma_tiling import block_mma_layouts
 from lowvm.passes import run_passes
 from lowvm.passes.instruction_selection import (
     CpAsyncPlan,

@@ -10,12 +10,12 @@ import pytest
 
 import lowvm
 import lowvm.lang as vm
-from lowvm.codegen import generate_cuda
+from lowvm.driver import generate_cuda
 from lowvm.ir import ProgramError, RegisterTensor
 from lowvm.kernels.matmul_f16 import matmul_f16
-from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 from lowvm.layouts import local, permute, reduce, spatial
+from lowvm.layouts.mma_tiling import block_mma_layouts
 from lowvm.passes.layout_inference import (
     default_layout,
     infer_layouts,

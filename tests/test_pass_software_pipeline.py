@@ -540,7 +540,7 @@ def test_rank_reducing_build_errors(what, expected):
     (stage_roundtrip, {"stage": 2}),
 ], ids=["matmul_f16_s3", "quant_int4_s2", "quant_int3_s4", "strided_s3", "stage_roundtrip"])
 def test_pipelined_cuda_compiles_for_sm80(template, constants):
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
     from lowvm.runtime import resource_usage
 
     program = template.build(**constants)

@@ -132,7 +132,7 @@ def test_l2_ahead_with_x_whole_in_the_interpreter(wtype, split, rows, prefetch, 
 def test_l2_prefetch_of_a_weight_tile_is_one_bulk_prefetch_on_sm90():
     """The 4 KB tile of a K step is one contiguous run: on sm_90 thread 0 asks for it with
     one cp.async.bulk.prefetch.L2 (the per-sector loop stays for older GPUs)."""
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
         prefetch=2, x_whole=4096, x_rows=1, l2_ahead=4).constants())).source
@@ -193,7 +193,7 @@ def test_x_whole_options_out_of_range_are_named(fields, message):
 def test_x_whole_one_row_is_read_with_ldmatrix_and_the_loop_has_no_copy():
     """The stride-0 layout of one x row still selects ldmatrix (every row address the
     same), and the main loop keeps neither cp.async nor a barrier."""
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
         split=8, prefetch=2, x_whole=512, x_rows=1).constants())).source
@@ -272,7 +272,7 @@ def test_swap_ab_in_the_interpreter(wtype, split, m, prefetch, zero_point, fused
 def test_swap_ab_halves_the_mmas_of_a_decode_step():
     """At batch 1 the swapped step issues one m16n8k16 per 16 weight rows (not per 8) and
     one ldmatrix.x4 per 32 of K (not per 16); the weights' conversion is the same."""
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     def step(swap):
         src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
@@ -452,7 +452,7 @@ def test_bad_shapes_raise_lowvm_errors():
 
 
 def test_generated_code_uses_the_expected_instructions():
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
 
     src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128)).source
     for needle in ("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "ldmatrix.sync",

@@ -201,7 +201,7 @@ def test_selected_instructions():
 @pytest.mark.parametrize("wtype,sched", [("int4", "default"), ("int4", "bn64_4x4"),
                                          ("float6_e3m2", "default")])
 def test_compiles_without_spills(arch, wtype, sched):
-    from lowvm.codegen import generate_cuda
+    from lowvm.driver import generate_cuda
     from lowvm.runtime import resource_usage
 
     s = prefill_schedule_for(arch) if sched == "default" else SCHEDULES[sched]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import lowvm
-from lowvm.codegen import generate_cuda
+from lowvm.driver import generate_cuda
 from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights
 from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE, quant_gemm_wgmma, quant_gemm_wgmma_bf16
 from lowvm.passes import run_passes

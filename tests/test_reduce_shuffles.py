@@ -9,10 +9,10 @@ import pytest
 
 import lowvm
 import lowvm.lang as vm
-from lowvm.codegen import generate_cuda
-from lowvm.instructions.reduce import shuffle_plan
-from lowvm.kernels.mma_tiling import block_mma_layouts
+from lowvm.codegen.emitters.reduce import shuffle_plan
+from lowvm.driver import generate_cuda
 from lowvm.layouts import reduce
+from lowvm.layouts.mma_tiling import block_mma_layouts
 
 MMA_C_64x8 = block_mma_layouts(64, 8, 128, 4, 1, vm.float16).c  # 4 warps along rows
 LAYOUTS = {

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from lowvm.codegen.context import CudaContext
-from lowvm.codegen.selected import emit_selected, related_addresses_enabled
+from lowvm.codegen.emitters import emitter_for
+from lowvm.codegen.emitters.memory_selected import related_addresses_enabled
 from lowvm.codegen.shared_alloc import allocate_shared
 from lowvm.codegen.thread_offsets import Relation, relation, swizzled_offsets
 from lowvm.layouts import shared_row_major, swizzle_128b
@@ -122,7 +123,9 @@ def _emit(program, inst, plain: bool, monkeypatch) -> list[str]:
         monkeypatch.delenv("LOWVM_PLAIN_ADDRESSES", raising=False)
     cg = CudaContext(program)
     cg.shared_offsets = allocate_shared(program)[0]
-    assert emit_selected(inst, cg)
+    emit = emitter_for(inst, type(inst.impl))  # the selected implementation's emitter
+    assert emit is not None
+    emit(inst, cg)
     return cg.lines
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import lowvm
-from lowvm.codegen.cuda import generate_cuda
+from lowvm.driver import generate_cuda
 from lowvm.kernels.quant_gemm import GemmSchedule, quant_gemm
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")

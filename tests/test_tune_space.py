@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import lowvm
-from lowvm.codegen import generate_cuda
+from lowvm.driver import generate_cuda
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.library import X_WHOLE_BYTES, choose_schedule
 from lowvm.kernels.quant_gemm import quant_gemm

@@ -1,5 +1,5 @@
-"""CUDA C++ emission for VM programs."""
+"""CUDA C++ emission for lowered VM programs (the passes run before: :mod:`lowvm.driver`)."""
 
-from lowvm.codegen.cuda import CudaSource, generate_cuda
+from lowvm.codegen.cuda import CudaSource, emit_cuda
 
-__all__ = ["CudaSource", "generate_cuda"]
+__all__ = ["CudaSource", "emit_cuda"]

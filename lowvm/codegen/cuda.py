@@ -1,7 +1,9 @@
 """VM program -> CUDA C++ source: one ``extern "C" __global__`` kernel per program.
 
-Each instruction emits its own code (``emit_cuda`` in its file), preceded by a comment
-with the instruction's text, so the source reads like the program. Register tiles are
+Each instruction's code comes from its emitter (:mod:`lowvm.codegen.emitters`, looked up
+by instruction class and selected implementation), preceded by a comment with the
+instruction's text, so the source reads like the program. The program must already be
+lowered (:func:`lowvm.driver.lower`): emission runs no passes. Register tiles are
 per-thread arrays declared at the top (their index math is compile-time after
 unrolling); shared tiles and the scratch area of reductions and dots share one dynamic
 shared-memory buffer.
@@ -13,9 +15,10 @@ import hashlib
 from dataclasses import dataclass
 
 from lowvm.codegen.context import CudaContext, c_type
+from lowvm.codegen.emitters import emit_instruction
 from lowvm.codegen.prelude import PRELUDE
-from lowvm.codegen.selected import emit_selected
 from lowvm.codegen.shared_alloc import allocate_shared, reused_space
+from lowvm.instructions.plans import WgmmaPlan
 from lowvm.ir import (
     ForStmt,
     IfStmt,
@@ -28,7 +31,7 @@ from lowvm.ir import (
     Stmt,
 )
 
-__all__ = ["CudaSource", "generate_cuda"]
+__all__ = ["CudaSource", "emit_cuda"]
 
 
 @dataclass(frozen=True)
@@ -48,13 +51,7 @@ class CudaSource:
 
 def _emit(stmt: Stmt, cg: CudaContext) -> None:
     if isinstance(stmt, InstStmt):
-        if stmt.inst.impl is not None and emit_selected(stmt.inst, cg):
-            return
-        emit = getattr(stmt.inst, "emit_cuda", None)
-        if emit is None:
-            raise ProgramError(f"{stmt.inst.mnemonic} cannot be lowered to CUDA yet",
-                               stmt.inst.loc)
-        emit(cg)
+        emit_instruction(stmt.inst, cg)
     elif isinstance(stmt, SeqStmt):
         for s in stmt.stmts:
             _emit(s, cg)
@@ -79,14 +76,9 @@ def _emit(stmt: Stmt, cg: CudaContext) -> None:
         raise ProgramError(f"cannot lower the statement {type(stmt).__name__}")
 
 
-def generate_cuda(program: Program) -> CudaSource:
-    """The CUDA C++ source of ``program``, after the lowering passes."""
-    from lowvm.passes import run_passes
-
-    program = run_passes(program)
+def emit_cuda(program: Program) -> CudaSource:
+    """The CUDA C++ source of the lowered ``program``."""
     cg = CudaContext(program)
-    from lowvm.passes.instruction_selection import WgmmaPlan
-
     cg.uses_async_proxy = any(isinstance(inst.impl, WgmmaPlan)
                               for inst in program.instructions())
     offsets, tiles_bytes = allocate_shared(program)

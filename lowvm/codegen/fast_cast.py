@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lowvm.dtypes import DType, all_dtypes, bfloat16, decode, float16, int8, round_to, uint8
-from lowvm.interpreter.values import from_codes, to_codes
+from lowvm.instructions.values import from_codes, to_codes
 
 if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext

@@ -12,22 +12,16 @@ layouts are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from lowvm.dtypes import float32, int32
 from lowvm.expr import Expr, Var
-from lowvm.instructions.base import Instruction, register_instruction
+from lowvm.instructions.base import BlockState, Instruction, register_instruction
 from lowvm.instructions.memory import (
     _check_offsets,
     _element_position,
     _global_positions,
-    global_ref,
 )
 from lowvm.ir import GlobalTensor, RegisterTensor
-
-if TYPE_CHECKING:
-    from lowvm.codegen.context import CudaContext
-    from lowvm.interpreter.state import BlockState
 
 __all__ = ["AtomicAdd", "Arrive", "ATOMIC_TYPES"]
 
@@ -62,15 +56,6 @@ class AtomicAdd(Instruction):
         where = flat[inside]
         total = buf.read(where) + st.get(self.src)[inside]
         buf.write(where, total)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        lay = self.src.layout
-        cg.line("#pragma unroll")
-        with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
-            index = [cg.index(lay, d) for d in range(lay.rank)]
-            ref, inside = global_ref(cg, self.dst, self.offsets, index)
-            cg.line(f"if ({inside}) atomicAdd(&{ref}, {cg.raw_get(self.src, 'l')});")
 
 
 @register_instruction
@@ -114,21 +99,3 @@ class Arrive(Instruction):
                                    "it must start at 0 (it resets itself after each group)")
         buf.write(flat, np.array([[(old + 1) % count]]))
         st.env[self.var.name] = old
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        ticket = cg.fresh("lowvm_ticket")
-        cg.line(f"__shared__ unsigned {ticket};")
-        # the barrier orders every thread's writes before thread 0's release fence, and
-        # thread 0's acquire fence before every thread's reads (fences are cumulative over
-        # what the barrier ordered), so one thread fences for the block, at acq_rel
-        # strength: no sequentially consistent MEMBAR in every warp on the tile's tail
-        cg.line("__syncthreads();  // the block's writes, then thread 0 releases them")
-        with cg.block("if (tid == 0)"):  # its own scope: index names stay local
-            cg.line('asm volatile("fence.acq_rel.gpu;" ::: "memory");')
-            ref, _ = global_ref(cg, self.counter, self.offsets, ["0"] * self.counter.rank)
-            cg.line(f"{ticket} = atomicInc(reinterpret_cast<unsigned*>(&{ref}), "
-                    f"(unsigned)({cg.expr(self.count)}) - 1u);")
-            cg.line('asm volatile("fence.acq_rel.gpu;" ::: "memory");')
-        cg.line("__syncthreads();  // earlier arrivals' writes, acquired by thread 0")
-        cg.line(f"const int {self.var.name} = (int){ticket};")

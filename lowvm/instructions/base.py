@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from lowvm.ir import ProgramError, RegisterTensor, SourceLoc, Tensor
 from lowvm.layouts import RegisterLayout
 
-if TYPE_CHECKING:
-    from lowvm.interpreter.state import BlockState
+__all__ = ["Instruction", "INSTRUCTIONS", "register_instruction", "gather_map", "BlockState"]
 
-__all__ = ["Instruction", "INSTRUCTIONS", "register_instruction", "gather_map"]
+#: What ``interpret`` runs on: the interpreter's state of one thread block
+#: (:class:`lowvm.interpreter.state.BlockState`). Named, not imported: the interpreter
+#: sits above the instructions, which use the state only through its methods.
+BlockState = Any
 
 #: Every instruction class by mnemonic: the one place that lists the VM's instructions.
 INSTRUCTIONS: dict[str, type[Instruction]] = {}

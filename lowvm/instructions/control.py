@@ -8,13 +8,8 @@ the program is built and leaves no instruction.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from lowvm.instructions.base import Instruction, register_instruction
-
-if TYPE_CHECKING:
-    from lowvm.codegen.context import CudaContext
-    from lowvm.interpreter.state import BlockState
+from lowvm.instructions.base import BlockState, Instruction, register_instruction
 
 __all__ = ["Sync", "WaitPriorGrid"]
 
@@ -28,11 +23,6 @@ class Sync(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.sync()
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        if cg.uses_async_proxy:  # this thread's shared writes, then wgmma's reads of them
-            cg.line('asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");')
-        cg.line("__syncthreads();  // sync")
 
 
 @register_instruction
@@ -54,9 +44,3 @@ class WaitPriorGrid(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         pass
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.waits_prior_grid = True
-        cg.line("#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900")
-        cg.line('asm volatile("griddepcontrol.wait;" ::: "memory");  // wait_prior_grid')
-        cg.line("#endif")

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowvm.expr import Expr, const_value
-from lowvm.instructions.base import Instruction, register_instruction
-from lowvm.interpreter.values import quantize, reinterpret
+from lowvm.expr import Expr
+from lowvm.instructions.base import BlockState, Instruction, register_instruction
+from lowvm.instructions.values import quantize, reinterpret
 from lowvm.ir import RegisterTensor
 from lowvm.layouts import local_permutation, permute
-
-if TYPE_CHECKING:
-    from lowvm.codegen.context import CudaContext
-    from lowvm.interpreter.state import BlockState
 
 __all__ = ["RegisterInit", "View", "Cast", "Permute", "Assign", "Extract", "ThreadIndex"]
 
@@ -41,14 +36,6 @@ class RegisterInit(Instruction):
         lay = self.out.layout
         filled = np.full((lay.num_threads, lay.local_size), value)
         st.set(self.out, quantize(filled, self.out.dtype, saturate=False), inst=self)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        value = cg.expr(self.value)
-        is_float = isinstance(const_value(self.value), float)
-        cg.line("#pragma unroll")
-        with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
-            cg.line(cg.set(self.out, "l", value, is_float))
 
 
 @register_instruction
@@ -81,11 +68,6 @@ class View(Instruction):
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, reinterpret(st.get(self.src), self.src.dtype, self.out.dtype))
         st.note_renaming(self.out, self.src)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        nbytes = -(-self.src.layout.local_size * self.src.dtype.nbits // 8)
-        cg.line(f"memcpy({cg.name(self.out)}, {cg.name(self.src)}, {nbytes});")
 
 
 @register_instruction
@@ -123,21 +105,6 @@ class Cast(Instruction):
             values = values[:, self.permutation()]
         st.set(self.out, quantize(values, self.out.dtype), check_range=False)
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        from lowvm.codegen.fast_cast import emit_fast_cast  # bit-manipulation casts
-        if emit_fast_cast(self, cg):
-            return
-        cg.line(f"// {self}")
-        perm = self.permutation()
-        if perm is None or (perm == np.arange(perm.size)).all():
-            cg.line("#pragma unroll")
-            with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
-                cg.line(cg.set(self.out, "l", cg.get(self.src, "l"), self.src.dtype.is_float))
-            return
-        for dst, src in enumerate(perm):
-            cg.line(cg.set(self.out, str(dst), cg.get(self.src, str(int(src))),
-                           self.src.dtype.is_float))
-
 
 class _SameRegisters:
     """Instructions whose result is the source's registers, unchanged, in every thread."""
@@ -147,10 +114,6 @@ class _SameRegisters:
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, st.get(self.src).copy())
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        cg.line(f"memcpy({cg.name(self.out)}, {cg.name(self.src)}, sizeof({cg.name(self.src)}));")
 
 
 @register_instruction
@@ -236,11 +199,6 @@ class Extract(Instruction):
         st.set(self.out, st.get(self.src)[:, self.local_map()])
         st.note_renaming(self.out, self.src)
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        for dst, src in enumerate(self.local_map()):
-            cg.line(f"{cg.raw_get(self.out, str(dst))} = {cg.raw_get(self.src, str(src))};")
-
 
 @lru_cache(maxsize=256)
 def _extract_map(src, out, offsets: tuple[int, ...]):
@@ -284,7 +242,3 @@ class ThreadIndex(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.set(self.out, np.arange(self.out.layout.num_threads, dtype=np.int64)[:, None])
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        cg.line(f"{cg.name(self.out)}[0] = tid;")

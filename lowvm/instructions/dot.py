@@ -11,20 +11,15 @@ float32 rounding, which the GPU tests allow for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lowvm.dtypes import bfloat16, float16, float32, int8, int32, uint8
 from lowvm.expr import Expr
-from lowvm.instructions.base import Instruction, register_instruction
+from lowvm.instructions.base import BlockState, Instruction, register_instruction
 from lowvm.instructions.memory import _check_shared_tile, _shared_positions
-from lowvm.interpreter.values import quantize
+from lowvm.instructions.values import quantize
 from lowvm.ir import RegisterTensor, SharedTensor
-
-if TYPE_CHECKING:
-    from lowvm.codegen.context import CudaContext
-    from lowvm.interpreter.state import BlockState
 
 __all__ = ["Dot", "DotShared", "DotWait", "DOT_TYPES", "SHARED_DOT_TYPES"]
 
@@ -32,17 +27,6 @@ __all__ = ["Dot", "DotShared", "DotWait", "DOT_TYPES", "SHARED_DOT_TYPES"]
 DOT_TYPES = {float16: float32, bfloat16: float32, int8: int32, uint8: int32}
 #: operand types of :class:`DotShared` (``wgmma`` with a register A: 16-bit floats)
 SHARED_DOT_TYPES = {float16: float32, bfloat16: float32}
-
-
-def _to_scratch(cg: CudaContext, tiles) -> None:
-    """Each ``(tile, buffer)``'s elements into its row-major scratch buffer, between block
-    barriers (the per-element lowerings read other threads' operands from there)."""
-    cg.line("__syncthreads();")
-    for tile, buf in tiles:
-        cg.line("#pragma unroll")
-        with cg.block(f"for (int l = 0; l < {tile.layout.local_size}; ++l)"):
-            cg.line(f"{buf}[{cg.flat_index(tile.layout, tile.shape)}] = {cg.get(tile, 'l')};")
-    cg.line("__syncthreads();")
 
 
 @register_instruction
@@ -85,30 +69,6 @@ class Dot(Instruction):
         b = st.to_logical(self.b)
         c = st.to_logical(self.c)
         st.set_logical(self.out, quantize(a @ b + c, self.out.dtype, saturate=False), inst=self)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}  (through shared scratch)")
-        (m, k), n = self.a.shape, self.b.shape[1]
-        ctype = cg.compute_type(self.a.dtype)
-        cg.scratch(4 * (m * k + k * n))
-        with cg.block(""):
-            cg.line(f"{ctype}* sa = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
-            cg.line(f"{ctype}* sb = sa + {m * k};")
-            _to_scratch(cg, ((self.a, "sa"), (self.b, "sb")))
-            cg.line("#pragma unroll")
-            with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):
-                lay = self.c.layout
-                cg.line(f"const int i = {cg.index(lay, 0)};")
-                cg.line(f"const int j = {cg.index(lay, 1)};")
-                acc_t = "float" if self.c.dtype.is_float else "int"
-                cg.line(f"{acc_t} acc = {cg.get(self.c, 'l')};")
-                with cg.block(f"for (int kk = 0; kk < {k}; ++kk)"):
-                    if acc_t == "float":
-                        cg.line(f"acc = fmaf(sa[i * {k} + kk], sb[kk * {n} + j], acc);")
-                    else:
-                        cg.line(f"acc += sa[i * {k} + kk] * sb[kk * {n} + j];")
-                cg.line(cg.set(self.out, "l", "acc", acc_t == "float"))
-            cg.line("__syncthreads();")
 
 
 @register_instruction
@@ -186,31 +146,6 @@ class DotShared(Instruction):
         accumulator (``wgmma`` into one accumulator runs in issue order)."""
         return (self.c, self.out)
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        """Per-element fallback: ``a`` through shared scratch, each output element a
-        K-long sum over ``b`` read in place."""
-        cg.line(f"// {self}  (per element)")
-        m, k = self.a.shape
-        ctype = cg.compute_type(self.a.dtype)
-        cg.scratch(4 * m * k)
-        lead = self.b.rank - 2
-        with cg.block(""):
-            cg.line(f"{ctype}* sa = reinterpret_cast<{ctype}*>(lowvm_smem + lowvm_scratch);")
-            _to_scratch(cg, ((self.a, "sa"),))
-            cg.line("#pragma unroll")
-            with cg.block(f"for (int l = 0; l < {self.c.layout.local_size}; ++l)"):
-                lay = self.c.layout
-                cg.line(f"const int i = {cg.index(lay, 0)};")
-                cg.line(f"const int j = {cg.index(lay, 1)};")
-                cg.line(f"float acc = {cg.get(self.c, 'l')};")
-                index = [cg.expr(o) for o in self.offsets[:lead]] + [
-                    f"{cg.expr(self.offsets[lead])} + j", f"{cg.expr(self.offsets[lead + 1])} + kk"]
-                ref = cg.shared_ref(self.b, cg.shared_offset(self.b, index))
-                with cg.block(f"for (int kk = 0; kk < {k}; ++kk)"):
-                    cg.line(f"acc = fmaf(sa[i * {k} + kk], static_cast<float>({ref}), acc);")
-                cg.line(cg.set(self.out, "l", "acc", True))
-            cg.line("__syncthreads();")
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -232,18 +167,3 @@ class DotWait(Instruction):
     def chains(self) -> tuple[RegisterTensor, ...]:
         """The wait itself may name the results in flight."""
         return self.tiles
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        if not cg.uses_async_proxy:  # no wgmma in the program: per-element dot_shared
-            cg.line("// dot_wait (no wgmma in flight)")
-            return
-        cg.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");  '
-                "// dot_wait")
-        for tile in self.tiles:
-            words, kind = (tile.layout.local_size * tile.dtype.nbits // 32,
-                           "f" if tile.dtype == float32 else "r")
-            ctype = "float" if kind == "f" else "lowvm_u32"
-            regs = f"reinterpret_cast<{ctype}*>({cg.name(tile)})"
-            cg.line("#pragma unroll")
-            with cg.block(f"for (int w = 0; w < {words}; ++w)"):
-                cg.line(f'asm volatile("" : "+{kind}"({regs}[w]) :: "memory");')

@@ -12,18 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowvm.expr import Expr, const_value
-from lowvm.instructions.base import Instruction, gather_map, register_instruction
-from lowvm.interpreter.values import quantize
-from lowvm.ir import BOOL, ProgramError, RegisterTensor
-
-if TYPE_CHECKING:
-    from lowvm.codegen.context import CudaContext
-    from lowvm.interpreter.state import BlockState
+from lowvm.expr import Expr
+from lowvm.instructions.base import BlockState, Instruction, gather_map, register_instruction
+from lowvm.instructions.values import quantize
+from lowvm.ir import BOOL, RegisterTensor
 
 __all__ = ["Elementwise", "OPS", "COMPARISONS"]
 
@@ -153,71 +148,3 @@ class Elementwise(Instruction):
 
     def __str__(self) -> str:
         return f"%{self.out.name}: {self.out.type_str()} = {self.op} {self.format_args()}"
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        from lowvm.codegen.packed_math import emit_packed_elementwise
-
-        if emit_packed_elementwise(self, cg):
-            return
-        cg.line(f"// {self}")
-        is_float = any(
-            (isinstance(a, RegisterTensor) and a.dtype.is_float)
-            or (not isinstance(a, RegisterTensor) and isinstance(const_value(a), float))
-            for a in self.args
-        )
-        cg.line("#pragma unroll")
-        with cg.block(f"for (int l = 0; l < {self.out.layout.local_size}; ++l)"):
-            values = []
-            for a in self.args:
-                if isinstance(a, RegisterTensor):
-                    values.append(cg.get(a, _local_of(cg, self.out, a)))
-                else:
-                    values.append(cg.expr(a))
-            expr = _c_op(self.op, values, is_float)
-            result_float = is_float and self.op not in COMPARISONS
-            cg.line(cg.set(self.out, "l", expr, result_float))
-
-
-# ---------------------------------------------------------------------------------------
-# CUDA emission
-
-
-def _local_of(cg: CudaContext, out: RegisterTensor, operand: RegisterTensor) -> str:
-    """The operand's local (a C expression in ``l``) feeding the result's local ``l``."""
-    if operand.shape == out.shape and operand.layout == out.layout:
-        return "l"
-    table = gather_map(out, operand, "elementwise")
-    if not (table == table[0]).all():
-        raise ProgramError(
-            f"lowering: the operand %{operand.name} reaches the result through different "
-            "registers in different threads; give it the result's layout"
-        )
-    name = cg.fresh(f"map_{operand.name}")
-    cg.line(f"const int {name}[{table.shape[1]}] = {{{', '.join(map(str, table[0]))}}};")
-    return f"{name}[l]"
-
-
-def _c_op(op: str, v: list[str], is_float: bool) -> str:
-    f = is_float
-    table = {
-        "neg": lambda: f"-({v[0]})",
-        "abs": lambda: f"fabsf({v[0]})" if f else f"abs({v[0]})",
-        "exp": lambda: f"expf({v[0]})",
-        "sqrt": lambda: f"sqrtf({v[0]})",
-        "add": lambda: f"({v[0]}) + ({v[1]})",
-        "sub": lambda: f"({v[0]}) - ({v[1]})",
-        "mul": lambda: f"({v[0]}) * ({v[1]})",
-        "div": lambda: f"({v[0]}) / ({v[1]})",
-        "mod": lambda: f"({v[0]}) % ({v[1]})",
-        "max": lambda: f"fmaxf({v[0]}, {v[1]})" if f else f"max({v[0]}, {v[1]})",
-        "min": lambda: f"fminf({v[0]}, {v[1]})" if f else f"min({v[0]}, {v[1]})",
-        "lt": lambda: f"({v[0]}) < ({v[1]})",
-        "le": lambda: f"({v[0]}) <= ({v[1]})",
-        "gt": lambda: f"({v[0]}) > ({v[1]})",
-        "ge": lambda: f"({v[0]}) >= ({v[1]})",
-        "eq": lambda: f"({v[0]}) == ({v[1]})",
-        "ne": lambda: f"({v[0]}) != ({v[1]})",
-        "where": lambda: f"({v[0]}) ? ({v[1]}) : ({v[2]})",
-        "fma": lambda: f"fmaf({v[0]}, {v[1]}, {v[2]})" if f else f"({v[0]}) * ({v[1]}) + ({v[2]})",
-    }
-    return table[op]()

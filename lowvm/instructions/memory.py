@@ -11,19 +11,13 @@ element another thread read or wrote since the last ``sync``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lowvm.dtypes import int32
-from lowvm.expr import Expr, Var, const_value, is_const
-from lowvm.instructions.base import Instruction, register_instruction
-from lowvm.instructions.control import Sync
+from lowvm.expr import Expr, Var
+from lowvm.instructions.base import BlockState, Instruction, register_instruction
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
-
-if TYPE_CHECKING:
-    from lowvm.codegen.context import CudaContext
-    from lowvm.interpreter.state import BlockState
 
 __all__ = [
     "GlobalView",
@@ -71,9 +65,6 @@ class GlobalView(Instruction):
 
     def format_args(self) -> str:
         return f"{self.out.pointer} as {self.out.layout}"
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
 
 
 def _element_position(st: BlockState, inst: Instruction, tensor: GlobalTensor,
@@ -143,11 +134,6 @@ class LoadGlobal(Instruction):
         values[inside] = st.global_buffer(self.src, self).read(flat[inside])
         st.set(self.out, values)
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        _emit_global_access(cg, self.src, self.offsets, self.out, load=True,
-                            coherent=self.coherent, inbounds=bool(self.inbounds))
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -177,13 +163,6 @@ class LoadUniform(Instruction):
     def format_args(self) -> str:
         return f"%{self.src.name}, offsets=[{', '.join(str(o) for o in self.offsets)}]"
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self.var.name} = {self}")
-        cg.line(f"int {self.var.name};")
-        with cg.block(""):  # its own scope: global_ref's index names stay local
-            ref, _ = global_ref(cg, self.src, self.offsets, ["0"] * self.src.rank)
-            cg.line(f"{self.var.name} = {ref};")
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -207,10 +186,6 @@ class StoreGlobal(Instruction):
         flat, inside = _global_positions(st, self.dst, self.offsets, self.src.layout.table)
         st.global_buffer(self.dst, self).write(flat[inside], st.get(self.src)[inside])
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        _emit_global_access(cg, self.dst, self.offsets, self.src, load=False)
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -231,11 +206,6 @@ class AllocShared(Instruction):
         swz = f" swizzle {lay.swizzle}" if lay.swizzle else ""
         return f"strides {list(lay.strides)}{swz} ({self.out.nbytes} bytes)"
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self} at shared byte {cg.shared_offsets[self.out]}")
-        if self.out in cg.reused_tiles:  # freed space: every thread is done with it first
-            Sync(loc=self.loc).emit_cuda(cg)
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -247,9 +217,6 @@ class FreeShared(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.free_shared(self.tensor, self)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// free_shared %{self.tensor.name}")
 
 
 def _check_shared_tile(inst: Instruction, tensor: SharedTensor, offsets: tuple[Expr, ...],
@@ -335,10 +302,6 @@ class LoadShared(Instruction):
         pos = _shared_positions(self, st, self.src, self.offsets, self.out.layout.table)
         st.set(self.out, st.shared(self.src, self).read(pos, self, st))
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        _emit_shared_access(cg, self.src, self.offsets, self.out, load=True)
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -362,16 +325,6 @@ class StoreShared(Instruction):
         pos = _shared_positions(self, st, self.dst, self.offsets, self.src.layout.table,
                                 write=True)
         st.shared(self.dst, self).write(pos, st.get(self.src), self, st)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        _emit_shared_access(cg, self.dst, self.offsets, self.src, load=False)
-
-
-#: bytes per ``prefetch.global.L2``: one 32-byte sector, the L2's unit of DRAM traffic,
-#: so the hint covers every byte of a run that starts on a sector (a run that does not
-#: may leave its last sector to the load)
-PREFETCH_BYTES = 32
 
 
 @register_instruction
@@ -403,57 +356,6 @@ class PrefetchL2(Instruction):
     def interpret(self, st: BlockState) -> None:
         for o in self.offsets:  # a hint: nothing to do but evaluate its operands
             st.eval(o)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        per = max(1, PREFETCH_BYTES * 8 // self.src.dtype.nbits)  # elements per sector
-        shape = self.shape
-        # rows that continue each other in memory (whole rows of a dense tensor) form one
-        # run, so a sector is never asked for twice
-        layout, width = self.src.layout, shape[-1]
-        merged = (len(shape) >= 2 and const_value(layout.shape[-1]) == width
-                  and const_value(layout.strides[-1]) == 1
-                  and const_value(layout.strides[-2]) == width)
-        outer = shape[:-2] if merged else shape[:-1]
-        run = shape[-2] * width if merged else width
-        sectors = -(-run // per)
-        total = int(np.prod(outer)) * sectors
-        threads = cg.program.num_threads
-        # whole 16-byte chunks, contiguous (merged runs are; a row must have stride 1)
-        bulk = (run * self.src.dtype.nbits % 128 == 0
-                and const_value(layout.strides[-1]) == 1)
-        if bulk:  # sm_90: one bulk prefetch per run, where it is aligned and inside
-            cg.line("#if __CUDA_ARCH__ >= 900")
-            self._emit_bulk(cg, outer, merged, run * self.src.dtype.nbits // 8)
-            cg.line("#else")
-        with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
-            cg.line(f"const int f = (e % {sectors}) * {per};")
-            index = _unravel(cg, f"e / {sectors}", outer) + (
-                [f"f / {width}", f"f % {width}"] if merged else ["f"])
-            ref, inside = global_ref(cg, self.src, self.offsets, index)
-            cg.line(f'if ({inside}) asm volatile("prefetch.global.L2 [%0];" :: '
-                    f'"l"(&{ref}));')
-        if bulk:
-            cg.line("#endif")
-
-    def _emit_bulk(self, cg: CudaContext, outer, merged: bool, nbytes: int) -> None:
-        """Each run (a row, or whole rows merged) as one ``cp.async.bulk.prefetch.L2``:
-        one instruction per run instead of one per sector. A run not wholly inside the
-        tensor, or not 16-byte aligned, is skipped (a hint may be dropped)."""
-        count = int(np.prod(outer))
-        with cg.block(f"for (int e = tid; e < {count}; e += {cg.program.num_threads})"):
-            index = _unravel(cg, "e", outer) + ["0"] * (2 if merged else 1)
-            ref, inside = global_ref(cg, self.src, self.offsets, index)
-            rank = self.src.rank
-            last = list(self.shape[-2:]) if merged else [self.shape[-1]]
-            ends = [f"i{rank - len(last) + j} + {size - 1} < "
-                    f"{cg.expr(self.src.layout.shape[rank - len(last) + j])}"
-                    for j, size in enumerate(last)]
-            cg.line(f"const unsigned long long lowvm_at = "
-                    f"reinterpret_cast<unsigned long long>(&{ref});")
-            cond = " && ".join([inside] + ends + ["(lowvm_at & 15) == 0"])
-            cg.line(f'if ({cond}) asm volatile("cp.async.bulk.prefetch.L2.global [%0], '
-                    f'{nbytes};" :: "l"(lowvm_at) : "memory");')
 
 
 @register_instruction
@@ -515,20 +417,6 @@ class CopyAsync(Instruction):
         values[inside[0]] = st.global_buffer(self.src, self).read(flat[0][inside[0]])
         st.shared(self.dst, self).copy_async(pos, values, self, st)
 
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// {self}")
-        shape = self.tile_shape
-        total = int(np.prod(shape))
-        threads = cg.program.num_threads
-        with cg.block(f"for (int e = tid; e < {total}; e += {threads})"):
-            index = _unravel(cg, "e", shape)
-            ref, inside = global_ref(cg, self.src, self.offsets, index)
-            lead = self.dst.rank - len(shape)
-            start = [cg.expr(o) for o in self.dst_start]
-            dst_index = start[:lead] + [f"{o} + {j}" for o, j in zip(start[lead:], index)]
-            cg.line(f"{cg.shared_ref(self.dst, cg.shared_offset(self.dst, dst_index))} = "
-                    f"({inside}) ? {ref} : {_zero(self.dst.dtype)};")
-
 
 @register_instruction
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -539,10 +427,6 @@ class CommitGroup(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.commit_group()
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line("// commit_group")
-        cg.line('asm volatile("cp.async.commit_group;\\n" ::: "memory");')
 
 
 @register_instruction
@@ -559,83 +443,3 @@ class WaitGroup(Instruction):
 
     def interpret(self, st: BlockState) -> None:
         st.wait_group(self.n)
-
-    def emit_cuda(self, cg: CudaContext) -> None:
-        cg.line(f"// wait_group {self.n}")
-        cg.line(f'asm volatile("cp.async.wait_group {self.n};\\n" ::: "memory");')
-
-
-# ---------------------------------------------------------------------------------------
-# CUDA emission helpers
-
-
-def _zero(dt) -> str:
-    from lowvm.dtypes import bfloat16, float16
-
-    if dt == float16:
-        return "__ushort_as_half(0)"
-    if dt == bfloat16:
-        return "__ushort_as_bfloat16(0)"
-    return "0"
-
-
-def global_ref(cg: CudaContext, tensor: GlobalTensor, offsets, index: list[str],
-               wide: bool = False) -> tuple[str, str]:
-    """(element lvalue, in-bounds condition) of ``offsets + index`` in a global view;
-    ``wide``: runtime strides multiply through ``lowvm_wide`` (one ``mul.wide.s32``;
-    for an address computed once per K step: elsewhere the asm keeps ptxas from
-    rearranging, which cost the prefill GEMM a spill)."""
-    conds, terms = [], []
-    for d, (off, rel) in enumerate(zip(offsets, index)):
-        cg.line(f"const int i{d} = {cg.expr(off)} + {rel};")
-        conds.append(f"i{d} >= 0 && i{d} < {cg.expr(tensor.layout.shape[d])}")
-        stride = tensor.layout.strides[d]
-        terms.append(f"lowvm_wide(i{d}, {cg.expr(stride)})" if wide and not is_const(stride)
-                     else f"(lowvm_i64)i{d} * {cg.expr(stride)}")
-    return f"{tensor.pointer.name}[{' + '.join(terms)}]", " && ".join(conds)
-
-
-def _unravel(cg: CudaContext, flat: str, shape) -> list[str]:
-    """Emit ``j0 ..`` = the row-major index of the flat element ``flat`` in ``shape``;
-    return their names."""
-    names, rest = [], flat
-    for d in reversed(range(len(shape))):
-        cg.line(f"const int j{d} = ({rest}) % {shape[d]};")
-        names.insert(0, f"j{d}")
-        rest = f"({rest}) / {shape[d]}"
-    return names
-
-
-def _emit_global_access(cg: CudaContext, tensor: GlobalTensor, offsets, tile: RegisterTensor,
-                        load: bool, coherent: bool = False, inbounds: bool = False) -> None:
-    lay = tile.layout
-    cg.line("#pragma unroll")
-    with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
-        index = [cg.index(lay, d) for d in range(lay.rank)]
-        ref, inside = global_ref(cg, tensor, offsets, index)
-        if load:
-            value = f"__ldcg(&{ref})" if coherent else ref
-            if inbounds:  # asserted by the program, checked by the interpreter
-                cg.line(f"{cg.raw_get(tile, 'l')} = {value};")
-            else:
-                cg.line(f"{cg.raw_get(tile, 'l')} = ({inside}) ? {value} : "
-                        f"{_zero(tile.dtype)};")
-        else:
-            cg.line(f"if ({inside}) {ref} = {cg.raw_get(tile, 'l')};")
-
-
-def _emit_shared_access(cg: CudaContext, tensor: SharedTensor, offsets, tile: RegisterTensor,
-                        load: bool) -> None:
-    lay = tile.layout
-    cg.line("#pragma unroll")
-    with cg.block(f"for (int l = 0; l < {lay.local_size}; ++l)"):
-        lead = tensor.rank - lay.rank  # leading shared dims: selected by offset only
-        index = [cg.expr(o) for o in offsets[:lead]]
-        for d in range(lay.rank):
-            cg.line(f"const int i{d} = {cg.expr(offsets[lead + d])} + {cg.index(lay, d)};")
-            index.append(f"i{d}")
-        ref = cg.shared_ref(tensor, cg.shared_offset(tensor, index))
-        if load:
-            cg.line(f"{cg.raw_get(tile, 'l')} = {ref};")
-        else:
-            cg.line(f"{ref} = {cg.raw_get(tile, 'l')};")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lowvm.dtypes import DType, bfloat16
-from lowvm.interpreter.values import from_codes, to_codes
+from lowvm.instructions.values import from_codes, to_codes
 from lowvm.ir import ProgramError, SharedTensor
 
 if TYPE_CHECKING:

@@ -25,6 +25,7 @@ from lowvm.ir import (
     SeqStmt,
     Stmt,
 )
+from lowvm.source_location import user_location
 
 __all__ = ["interpret", "run_program"]
 
@@ -87,8 +88,6 @@ def run_program(program: Program, args: tuple[Any, ...]) -> None:
     except ProgramError as exc:
         if exc.loc is not None:
             raise
-        from lowvm.lang.builder import user_location
-
         raise ProgramError(exc.message, user_location()) from None
     for bz, by, bx in itertools.product(range(grid3[2]), range(grid3[1]), range(grid3[0])):
         block_env = dict(env)
@@ -132,8 +131,6 @@ def interpret(program: Any, *args: Any, **constants: Any) -> None:
     ``constants`` give its compile-time parameters). Pointer arguments are numpy arrays
     or CPU torch tensors, updated in place; scalar arguments are Python numbers.
     """
-    from lowvm.lang.builder import user_location
-
     if not isinstance(program, Program):
         build = getattr(program, "build", None)
         if build is None:

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import lowvm.lang as vm
 from lowvm.expr import minimum
-from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.layouts import permute as permute_layout
 from lowvm.layouts import reduce as reduce_layout
+from lowvm.layouts.mma_tiling import block_mma_layouts
 
 #: the MMA's N: query heads per KV head a block serves (padded up to it)
 GROUP_MAX = 8

@@ -9,7 +9,7 @@ copies zero-fill outside the matrices and the final store is masked.
 from __future__ import annotations
 
 import lowvm.lang as vm
-from lowvm.kernels.mma_tiling import block_mma_layouts
+from lowvm.layouts.mma_tiling import block_mma_layouts
 
 
 @vm.program

@@ -59,7 +59,6 @@ import lowvm.lang as vm
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.kernels.weight_format import (
     FORMAT_BN,
     FORMAT_WARPS_N,
@@ -80,6 +79,7 @@ from lowvm.layouts import (
     shared_strided,
     swizzle_128b,
 )
+from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.passes.software_pipeline import staged_layout
 
 # the schedule and the weight format live in their own modules; their names stay

@@ -37,7 +37,6 @@ from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.kernels.quant_gemm import store_result
 from lowvm.kernels.weight_format import WeightLayouts, weight_layouts
 from lowvm.layouts import (
@@ -50,6 +49,7 @@ from lowvm.layouts import (
     split_pairs,
     swizzle_128b,
 )
+from lowvm.layouts.mma_tiling import block_mma_layouts
 
 __all__ = ["quant_gemm_prefill", "quant_gemm_prefill_bf16", "PrefillLayouts",
            "prefill_layouts", "shared_b_layout", "FORMAT_BN", "FORMAT_WARPS_N",

@@ -18,8 +18,8 @@ import numpy as np
 import lowvm.lang as vm
 from lowvm.dtypes import DType, decode, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.kernels.mma_tiling import block_mma_layouts
 from lowvm.layouts import permute, reduce
+from lowvm.layouts.mma_tiling import block_mma_layouts
 
 _THREADS_PER_ROW = 2
 

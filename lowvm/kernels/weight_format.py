@@ -21,8 +21,8 @@ from lowvm.dtypes import DType, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.ir import ProgramError
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.mma_tiling import BlockMmaLayouts, block_mma_layouts
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs
+from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
 
 __all__ = ["WeightLayouts", "weight_layouts", "stored_order", "schedule_layouts",
            "repack_index", "repack_weights", "unpack_repacked", "interleave_chunks",

@@ -9,28 +9,23 @@ into a loop or branch.
 
 from __future__ import annotations
 
-import os
-import sys
 import threading
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from lowvm.dtypes import DType
 from lowvm.expr import Var
-from lowvm.ir import ProgramError, RegisterTensor, SourceLoc, Stmt
+from lowvm.ir import DEFAULT_MAX_SHARED_BYTES, ProgramError, RegisterTensor, Stmt
 from lowvm.layouts import RegisterLayout
+from lowvm.source_location import traceback_location, user_location
 
 if TYPE_CHECKING:
     from lowvm.instructions.base import Instruction
 
-__all__ = ["Builder", "current", "user_location", "traceback_location", "Pointer"]
+__all__ = ["Builder", "current", "user_location", "traceback_location", "Pointer",
+           "DEFAULT_MAX_SHARED_BYTES"]
 
-_LOWVM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _state = threading.local()
-
-#: Shared memory one block may use on an H100 (227 KB opt-in); sm_80 allows 163 KB.
-DEFAULT_MAX_SHARED_BYTES = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -42,39 +37,6 @@ class Pointer:
 
     def __str__(self) -> str:
         return self.var.name
-
-
-def _is_user_file(filename: str) -> bool:
-    return not os.path.abspath(filename).startswith(_LOWVM_DIR + os.sep)
-
-
-def _location(filename: str, lineno: int) -> SourceLoc:
-    import linecache
-
-    code = linecache.getline(filename, lineno)
-    name = filename if filename.startswith("<") else os.path.relpath(os.path.abspath(filename))
-    return SourceLoc(name, lineno, code.strip())
-
-
-def user_location() -> SourceLoc | None:
-    """The innermost stack frame outside the lowvm package: the line the user wrote."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if _is_user_file(frame.f_code.co_filename):
-            return _location(frame.f_code.co_filename, frame.f_lineno)
-        frame = frame.f_back
-    return None
-
-
-def traceback_location(tb: TracebackType | None) -> SourceLoc | None:
-    """The innermost frame of a traceback outside the lowvm package (where it was raised
-    from the user's point of view)."""
-    found = None
-    while tb is not None:
-        if _is_user_file(tb.tb_frame.f_code.co_filename):
-            found = _location(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
-        tb = tb.tb_next
-    return found
 
 
 class Builder:

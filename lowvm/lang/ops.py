@@ -53,6 +53,7 @@ from lowvm.ir import (
     RegisterTensor,
     SharedTensor,
     seq,
+    set_tile_operator,
 )
 from lowvm.lang.builder import Pointer, current, user_location
 from lowvm.layouts import (
@@ -749,3 +750,10 @@ def let(value: ExprLike, name: str = "v") -> Var:
     b.append(LetStmt(var, as_expr(value)))
     return var
 
+
+def _tile_operator(name: str, *args):
+    """``a + b`` on register tiles: the op of that name here (``add(a, b)``)."""
+    return globals()[name](*args)
+
+
+set_tile_operator(_tile_operator)

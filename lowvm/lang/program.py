@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from lowvm.driver import elaborate
 from lowvm.dtypes import DType
 from lowvm.errors import LowvmError
 from lowvm.ir import Param, PointerType, Program, ProgramError, SourceLoc
@@ -98,8 +99,9 @@ class ProgramTemplate:
         self.__name__ = self.name
 
     def build(self, **constants: Any) -> Program:
-        """Trace the function with these compile-time constants (cached); register
-        layouts the function left out are inferred (:mod:`lowvm.passes.layout_inference`)."""
+        """Trace the function with these compile-time constants (cached), then
+        :func:`lowvm.driver.elaborate` it: register layouts the function left out are
+        inferred, staged loops pipelined."""
         unknown = set(constants) - set(self.constant_names)
         if unknown:
             raise ProgramError(
@@ -124,15 +126,7 @@ class ProgramTemplate:
         except TypeError:
             key = repr(key)
         if key not in self._cache:
-            from lowvm.passes.layout_inference import infer_layouts
-
-            # every tile gets a concrete layout before anything else sees the program
-            program = infer_layouts(self._trace(values))
-            # loops with vm.range(stages=...) become pipelines here, so the interpreter
-            # and codegen both run the pipelined program (after layout inference)
-            from lowvm.passes.software_pipeline import pipeline_loops
-
-            self._cache[key] = pipeline_loops(program, self.max_shared_bytes)
+            self._cache[key] = elaborate(self._trace(values), self.max_shared_bytes)
         return self._cache[key]
 
     def _trace(self, constants: dict[str, Any]) -> Program:

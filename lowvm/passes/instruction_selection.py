@@ -4,7 +4,7 @@ Guarantees (each decided from the layouts alone, checked for every thread):
 
 - ``dot`` -> ``mma.sync`` (:class:`MmaPlan`) when a, b and c are each an outer layout
   composed with the operands of one MMA atom (``outer * atom``, the form
-  :func:`lowvm.kernels.mma_tiling.block_mma_layouts` builds), and for every warp the
+  :func:`lowvm.layouts.mma_tiling.block_mma_layouts` builds), and for every warp the
   atom of a and b feeding each accumulator atom sits at the *same* local position, so
   the schedule is one straight-line list of ``mma.sync`` for all threads.
   f16/bf16 use m16n8k16, int8/uint8 m16n8k32 (then m16n8k16).
@@ -26,7 +26,6 @@ Anything else keeps the generic lowering; the program's meaning never changes.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -35,14 +34,11 @@ from lowvm.errors import LayoutError
 from lowvm.expr import Expr, const_value
 from lowvm.instructions.dot import Dot, DotShared
 from lowvm.instructions.memory import CopyAsync, LoadShared
+from lowvm.instructions.plans import CpAsyncPlan, LdmatrixPlan, MmaPlan, VectorAccess, WgmmaPlan
 from lowvm.ir import Program, RegisterTensor, SharedTensor
-from lowvm.layouts import MmaLayouts, RegisterLayout, Swizzle, mma_layouts, wgmma_layouts
+from lowvm.layouts import RegisterLayout, Swizzle, mma_layouts, wgmma_layouts
 from lowvm.passes.rewrite import map_instructions
-from lowvm.passes.vectorize import (
-    VectorAccess,
-    runtime_offsets_commute,
-    shared_elem_offsets,
-)
+from lowvm.passes.vectorize import runtime_offsets_commute, shared_elem_offsets
 
 __all__ = ["MmaPlan", "LdmatrixPlan", "CpAsyncPlan", "WgmmaPlan", "select_instructions",
            "mma_plan", "ldmatrix_plan", "wgmma_plan", "atom_outer"]
@@ -50,53 +46,6 @@ __all__ = ["MmaPlan", "LdmatrixPlan", "CpAsyncPlan", "WgmmaPlan", "select_instru
 #: operand type -> MMA shapes to try, best first
 _MMA_SHAPES = {float16: ("m16n8k16",), bfloat16: ("m16n8k16",),
                int8: ("m16n8k32", "m16n8k16"), uint8: ("m16n8k32", "m16n8k16")}
-
-
-@dataclass(frozen=True)
-class MmaPlan:
-    """Straight-line ``mma.sync`` list: ``steps[i] = (c atom, a atom, b atom)`` locals."""
-
-    atom: MmaLayouts
-    steps: tuple[tuple[int, int, int], ...]
-
-    def __str__(self) -> str:
-        return f"mma.sync.{self.atom.name} x{len(self.steps)}"
-
-
-@dataclass(frozen=True)
-class LdmatrixPlan:
-    """``ldmatrix`` calls: ``(first 32-bit register, matrices)`` each; ``trans`` for .trans."""
-
-    trans: bool
-    calls: tuple[tuple[int, int], ...]
-
-    def __str__(self) -> str:
-        counts = sorted({n for _, n in self.calls})
-        kind = "/".join(f"x{n}" for n in counts)
-        return f"ldmatrix.{kind}{'.trans' if self.trans else ''} x{len(self.calls)}"
-
-
-@dataclass(frozen=True)
-class WgmmaPlan:
-    """``wgmma.mma_async.m64{n}k16``: ``m_tiles`` x ``k_slices`` of them per warpgroup."""
-
-    n: int
-    m_tiles: int
-    k_slices: int
-    col0: int  # first column of the tile within its 64-element (128-byte) rows
-
-    def __str__(self) -> str:
-        return f"wgmma.m64n{self.n}k16 x{self.m_tiles * self.k_slices}"
-
-
-@dataclass(frozen=True)
-class CpAsyncPlan:
-    """``cp.async`` of ``access.nbytes``-byte chunks."""
-
-    access: VectorAccess
-
-    def __str__(self) -> str:
-        return f"cp.async {self.access}"
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ nothing changes:
 - ``view``: each thread keeps its bits, so the innermost local run along the last dim
   is rescaled by the ratio of the bit widths (in either direction);
 - ``dot``: ``out`` and ``c`` are equal; a, b and c come from one block-MMA composition
-  (:func:`lowvm.kernels.mma_tiling.block_mma_layouts`) matching whatever is known.
+  (:func:`lowvm.layouts.mma_tiling.block_mma_layouts`) matching whatever is known.
 
 Then, in order, until every tile is known (propagating after each step):
 
@@ -190,7 +190,7 @@ class MmaChoice:
 
 def mma_candidates(m: int, n: int, k: int, dtype: DType, num_warps: int) -> Iterator[MmaChoice]:
     """Block-MMA layouts for ``[m, k] @ [k, n]``, preferred first (see module doc)."""
-    from lowvm.kernels.mma_tiling import block_mma_layouts
+    from lowvm.layouts.mma_tiling import block_mma_layouts
 
     for shape in MMA_ATOMS.get(dtype, ()):
         atom = mma_layouts(shape, dtype)

@@ -57,6 +57,7 @@ from lowvm.instructions import (
     WaitGroup,
 )
 from lowvm.ir import (
+    DEFAULT_MAX_SHARED_BYTES,
     ForStmt,
     IfStmt,
     InstStmt,
@@ -315,8 +316,6 @@ def pipeline_loops(program: Program, max_shared_bytes: int | None = None) -> Pro
     if not any(isinstance(st, ForStmt) and (st.stages or 0) >= 2 for st in walk(program.body)):
         return program
     if max_shared_bytes is None:
-        from lowvm.lang.builder import DEFAULT_MAX_SHARED_BYTES
-
         max_shared_bytes = DEFAULT_MAX_SHARED_BYTES
     taken = _names(program)
     new: dict[SharedTensor, SharedTensor] = {}

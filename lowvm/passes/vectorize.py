@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from lowvm.expr import Const, Expr, as_expr, const_value, known_multiple
 from lowvm.instructions.memory import CopyAsync, LoadGlobal, LoadShared, StoreGlobal, StoreShared
+from lowvm.instructions.plans import VectorAccess
 from lowvm.ir import GlobalTensor, Program, SharedTensor
 from lowvm.layouts import RegisterLayout, SharedLayout
 from lowvm.passes.rewrite import map_instructions
@@ -35,19 +35,6 @@ __all__ = ["VectorAccess", "vectorize", "register_run", "shared_run", "global_co
 
 #: The widest access one thread can make (``ld.global.v4.b32``, ``cp.async`` 16 B).
 MAX_VECTOR_BYTES = 16
-
-
-@dataclass(frozen=True)
-class VectorAccess:
-    """Move ``width`` elements (``nbytes`` bytes) per access; vector path iff ``condition``."""
-
-    width: int
-    nbytes: int
-    condition: tuple[Expr, ...] = ()
-
-    def __str__(self) -> str:
-        cond = f" if {' && '.join(str(c) for c in self.condition)}" if self.condition else ""
-        return f"vector {self.nbytes}B{cond}"
 
 
 def _pow2_widths(limit: int) -> list[int]:

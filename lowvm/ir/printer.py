@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lowvm.ir import ForStmt, IfStmt, InstStmt, LetStmt, Program, SeqStmt, Stmt
+from lowvm.ir.nodes import ForStmt, IfStmt, InstStmt, LetStmt, Program, SeqStmt, Stmt
 
 __all__ = ["format_program", "format_stmt"]
 

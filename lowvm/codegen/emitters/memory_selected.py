@@ -1,10 +1,11 @@
-"""CUDA for the implementations the passes selected (``inst.impl``).
+"""CUDA of the memory accesses the passes selected (``inst.impl``): 8/16-byte vector loads
+and stores (:class:`VectorAccess`), ``cp.async`` (:class:`CpAsyncPlan`) and ``ldmatrix``
+(:class:`LdmatrixPlan`).
 
-The generic ``emit_cuda`` of each instruction is per element and always correct; the
-code here is what a CUDA expert writes for the same instruction once the passes proved
-it legal: ``mma.sync`` fragments, ``ldmatrix``, ``cp.async`` and 8/16-byte vector
-loads and stores. A vector access whose legality depends on runtime sizes is guarded by
-a uniform branch with the generic code as the other side.
+The generic emitters (:mod:`lowvm.codegen.emitters.memory`) are per element and always
+correct; the code here is what a CUDA expert writes for the same instruction once the
+passes proved it legal. A vector access whose legality depends on runtime sizes is
+guarded by a uniform branch with the generic code as the other side.
 """
 
 from __future__ import annotations
@@ -16,26 +17,20 @@ from collections.abc import Callable
 import numpy as np
 
 from lowvm.codegen.context import CudaContext
+from lowvm.codegen.emitters.memory import global_ref
+from lowvm.codegen.emitters.registry import emit_generic, register_emitter
 from lowvm.codegen.thread_offsets import Relation, relation, swizzled_offsets
 from lowvm.expr import const_value, is_const
-from lowvm.instructions.dot import Dot, DotShared
-from lowvm.instructions.memory import (
-    CopyAsync,
-    LoadGlobal,
-    LoadShared,
-    StoreGlobal,
-    StoreShared,
-    global_ref,
-)
+from lowvm.instructions.memory import CopyAsync, LoadGlobal, LoadShared, StoreGlobal, StoreShared
+from lowvm.instructions.plans import CpAsyncPlan, LdmatrixPlan, VectorAccess
 from lowvm.ir import SharedTensor
-from lowvm.passes.instruction_selection import CpAsyncPlan, LdmatrixPlan, MmaPlan, WgmmaPlan
-from lowvm.passes.vectorize import VectorAccess
 
-__all__ = ["emit_selected", "related_addresses_enabled"]
+__all__ = ["emit_vector_access", "emit_cp_async", "emit_ldmatrix", "related_addresses_enabled"]
 
 _VECTOR_TYPES = {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}
 _VECTOR_ZEROS = {2: "(unsigned short)0", 4: "0u", 8: "make_uint2(0, 0)",
                  16: "make_uint4(0, 0, 0, 0)"}
+
 
 
 def _shared_offset(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[str]) -> str:
@@ -127,14 +122,17 @@ def _guarded(cg: CudaContext, inst, access: VectorAccess, body: Callable[[], Non
     with cg.block(f"if ({' && '.join(cg.expr(c) for c in access.condition)})"):
         body()
     with cg.block("else"):
-        inst.emit_cuda(cg)
+        emit_generic(inst, cg)
 
 
 # ---------------------------------------------------------------------------------------
 # vector loads and stores
 
 
-def _emit_vector(inst, access: VectorAccess, cg: CudaContext) -> None:
+@register_emitter(LoadGlobal, StoreGlobal, LoadShared, StoreShared, impl=VectorAccess)
+def emit_vector_access(inst, cg: CudaContext) -> None:
+    """8/16-byte (or narrower) vector loads and stores of a :class:`VectorAccess`."""
+    access = inst.impl
     is_load = isinstance(inst, (LoadGlobal, LoadShared))
     tile = inst.out if is_load else inst.src
     memory = inst.src if is_load else inst.dst
@@ -232,9 +230,11 @@ def _chunk_index(shape: tuple[int, ...], flat):
     return rel
 
 
-def _emit_cp_async(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> None:
+@register_emitter(CopyAsync, impl=CpAsyncPlan)
+def emit_cp_async(inst: CopyAsync, cg: CudaContext) -> None:
     """``cp.async`` chunks: each thread's chunks as a base address plus constants where
     that holds for every thread (:func:`_cp_async_related`), else one by one."""
+    plan = inst.impl
     cg.line(f"// {inst}")
     _guarded(cg, inst, plan.access,
              lambda: _cp_async_related(inst, plan, cg) or _cp_async_each(inst, plan, cg))
@@ -368,7 +368,9 @@ def _ldmatrix_lanes(trans: bool, first: int, count: int, tid: np.ndarray | None 
     return (tid & ~31) + 4 * (tid & 7), 2 * (first + matrix)
 
 
-def _emit_ldmatrix(inst: LoadShared, plan: LdmatrixPlan, cg: CudaContext) -> None:
+@register_emitter(LoadShared, impl=LdmatrixPlan)
+def emit_ldmatrix(inst: LoadShared, cg: CudaContext) -> None:
+    plan = inst.impl
     cg.line(f"// {inst}")
     lay, tensor = inst.out.layout, inst.src
     words = f"reinterpret_cast<lowvm_u32*>({cg.name(inst.out)})"
@@ -394,100 +396,3 @@ def _emit_ldmatrix(inst: LoadShared, plan: LdmatrixPlan, cg: CudaContext) -> Non
         outs = ", ".join(f'"=r"({words}[{first + i}])' for i in range(count))
         cg.line(f'asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{suffix}.shared.b16 '
                 f'{{{regs}}}, [%{count}];\\n" : {outs} : "r"({addr}));')
-
-
-# ---------------------------------------------------------------------------------------
-# mma.sync
-
-_PTX_TYPES = {"float16": "f16", "bfloat16": "bf16", "int8": "s8", "uint8": "u8"}
-
-
-def _emit_mma(inst: Dot, plan: MmaPlan, cg: CudaContext) -> None:
-    cg.line(f"// {inst}")
-    atom, dt = plan.atom, inst.a.dtype
-    nbits = dt.nbits
-    ra = atom.a.local_size * nbits // 32
-    rb = atom.b.local_size * nbits // 32
-    rc = atom.c.local_size
-    out = cg.name(inst.out)
-    if inst.out is not inst.c:
-        cg.line(f"memcpy({out}, {cg.name(inst.c)}, sizeof({out}));")
-    is_float = dt.is_float
-    acc_t, acc_c = ("f32", "f") if is_float else ("s32", "r")
-    ptx = _PTX_TYPES[dt.name]
-    a = f"reinterpret_cast<const lowvm_u32*>({cg.name(inst.a)})"
-    b = f"reinterpret_cast<const lowvm_u32*>({cg.name(inst.b)})"
-    op = f"mma.sync.aligned.{atom.name}.row.col.{acc_t}.{ptx}.{ptx}.{acc_t}"
-    d_regs = ", ".join(f"%{i}" for i in range(rc))
-    a_regs = ", ".join(f"%{rc + i}" for i in range(ra))
-    b_regs = ", ".join(f"%{rc + ra + i}" for i in range(rb))
-    c_regs = ", ".join(f"%{i}" for i in range(rc))
-    for ci, la, lb in plan.steps:
-        outs = ", ".join(f'"+{acc_c}"({out}[{ci * rc + i}])' for i in range(rc))
-        ins = ", ".join([f'"r"({a}[{la * ra + i}])' for i in range(ra)]
-                        + [f'"r"({b}[{lb * rb + i}])' for i in range(rb)])
-        cg.line(f'asm volatile("{op} {{{d_regs}}}, {{{a_regs}}}, {{{b_regs}}}, '
-                f'{{{c_regs}}};\\n" : {outs} : {ins});')
-
-
-def _emit_wgmma(inst: DotShared, plan: WgmmaPlan, cg: CudaContext) -> None:
-    """One ``wgmma`` per 64-row tile and 16 of K: A from registers, B through a shared
-    memory descriptor (128-byte swizzle, 8-row groups 1024 bytes apart; a K slice is the
-    start address advanced by 32 bytes inside the swizzled row, the swizzle being applied
-    by the hardware on the address bits), then committed and waited for (``wait=False``
-    too, see below), so the registers and the shared tile are free again when the
-    instruction ends."""
-    cg.line(f"// {inst}")
-    lead = inst.b.rank - 2
-    index = [cg.expr(o) for o in inst.offsets[:lead]] + [cg.expr(inst.offsets[lead]), "0"]
-    linear = " + ".join(f"({i}) * {st}" for i, st in zip(index, inst.b.layout.strides)
-                        if st != 0) or "0"
-    out, n = cg.name(inst.out), plan.n
-    if inst.out is not inst.c:
-        cg.line(f"memcpy({out}, {cg.name(inst.c)}, sizeof({out}));")
-    ptx = _PTX_TYPES[inst.a.dtype.name]
-    nd = n // 2  # accumulator floats per thread per 64-row tile
-    d_regs = ", ".join(f"%{i}" for i in range(nd))
-    a_regs = ", ".join(f"%{nd + i}" for i in range(4))
-    op = (f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ptx}.{ptx} {{{d_regs}}}, "
-          f"{{{a_regs}}}, %{nd + 4}, p, 1, 1, 0;")
-    a = f"reinterpret_cast<const lowvm_u32*>({cg.name(inst.a)})"
-    with cg.block(""):
-        cg.line("const unsigned lowvm_b = static_cast<unsigned>(__cvta_generic_to_shared("
-                f"lowvm_smem + {cg.shared_offsets[inst.b]})) + 2u * ({linear}) + "
-                f"{2 * plan.col0}u;")
-        cg.line('asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");')
-        for r in range(plan.m_tiles):
-            for kk in range(plan.k_slices):
-                outs = ", ".join(f'"+f"({out}[{r * nd + i}])' for i in range(nd))
-                ins = ", ".join([f'"r"({a}[{(r * plan.k_slices + kk) * 4 + i}])'
-                                 for i in range(4)]
-                                + [f'"l"(lowvm_wgmma_desc(lowvm_b + {32 * kk}u))'])
-                cg.line(f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n{op}\\n}}\\n" '
-                        f': {outs} : {ins} : "memory");')
-        cg.line('asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");')
-        # wait=False is lowered as a waiting call too (the interpreter still checks the
-        # program as if it had not waited): issued without waiting, the eighth session's
-        # overlapped GEMM gave wrong sums on the H100, its cause not found (NOTES.md)
-        cg.line('asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");')
-
-
-_EMITTERS: dict[type, Callable] = {
-    VectorAccess: _emit_vector,
-    CpAsyncPlan: _emit_cp_async,
-    LdmatrixPlan: _emit_ldmatrix,
-    MmaPlan: _emit_mma,
-    WgmmaPlan: _emit_wgmma,
-}
-
-
-def emit_selected(inst, cg: CudaContext) -> bool:
-    """Emit ``inst`` through its selected implementation; False when it has none."""
-    emit = _EMITTERS.get(type(inst.impl))
-    if emit is None:
-        return False
-    if isinstance(inst.impl, VectorAccess) and not isinstance(
-            inst, (LoadGlobal, StoreGlobal, LoadShared, StoreShared)):
-        return False
-    emit(inst, inst.impl, cg)
-    return True

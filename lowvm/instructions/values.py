@@ -1,4 +1,5 @@
-"""How the interpreter stores values of each data type, and reinterprets their bits.
+"""How values of each data type are held on the CPU (the instructions' exact semantics,
+the interpreter's storage), and how their bits are reinterpreted.
 
 Register and shared tiles hold *numbers* (float64 for floats, int64 for integers), always
 exactly representable in the tile's type: every instruction rounds its result with

@@ -14,17 +14,14 @@ compare by identity: two tiles with equal types are still two tiles.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from lowvm.dtypes import DType
 from lowvm.errors import LowvmError
 from lowvm.expr import Expr, Var
 from lowvm.layouts import GlobalLayout, RegisterLayout, SharedLayout
-
-if TYPE_CHECKING:
-    from lowvm.instructions.base import Instruction
 
 __all__ = [
     "ProgramError",
@@ -43,11 +40,20 @@ __all__ = [
     "LetStmt",
     "Program",
     "BOOL",
+    "DEFAULT_MAX_SHARED_BYTES",
     "walk",
+    "set_tile_operator",
 ]
+
+#: A VM instruction (:class:`lowvm.instructions.Instruction`). Named, not imported: the
+#: instructions are defined on top of the IR; statements only hold them.
+Instruction = Any
 
 #: The type of comparison results and masks (one bit of truth, stored as 0/1).
 BOOL = DType("bool", 1, "uint")
+
+#: Shared memory one block may use on an H100 (227 KB opt-in); sm_80 allows 163 KB.
+DEFAULT_MAX_SHARED_BYTES = 227 * 1024
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,18 @@ class SharedTensor(Tensor):
         return f"shared {self.dtype.name}[{', '.join(map(str, self.shape))}]"
 
 
+#: Builds the instruction of a Python operator on tiles (``a + b`` calls it with
+#: ``("add", a, b)``). The authoring front end, which sits above the IR, installs it
+#: (:func:`set_tile_operator`, from :mod:`lowvm.lang.ops`).
+_tile_operator: Callable[..., RegisterTensor] | None = None
+
+
+def set_tile_operator(fn: Callable[..., RegisterTensor]) -> None:
+    """Make ``fn(op_name, *operands)`` what Python operators on register tiles call."""
+    global _tile_operator
+    _tile_operator = fn
+
+
 @dataclass(frozen=True, eq=False)
 class RegisterTensor(Tensor):
     """A tile in registers: element ``layout.logical_index(t, l)`` lives in thread t.
@@ -146,9 +164,11 @@ class RegisterTensor(Tensor):
 
     # Python operators build VM instructions through the authoring front end.
     def _op(self, name: str, *args):
-        from lowvm.lang import ops
-
-        return getattr(ops, name)(*args)
+        if _tile_operator is None:
+            raise ProgramError(f"the operator {name!r} on the tile {self.name} builds an "
+                               "instruction: use it inside a @vm.program function "
+                               "(lowvm.lang)")
+        return _tile_operator(name, *args)
 
     def __add__(self, other):
         return self._op("add", self, other)
@@ -327,7 +347,7 @@ class Program:
                 yield stmt.inst
 
     def __str__(self) -> str:
-        from lowvm.printer import format_program
+        from lowvm.ir.printer import format_program
 
         return format_program(self)
 

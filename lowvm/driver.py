@@ -1,9 +1,16 @@
-"""Python VM program -> running CUDA kernel: generate, compile (cached), load, launch.
+"""The compiler pipeline, one way: traced program -> passes -> CUDA -> running kernel.
 
-``lowvm.compile(program, **constants)`` returns a :class:`CompiledProgram` whose
-``source`` is the generated CUDA and which launches like a function with torch tensors.
-``LOWVM_DEBUG=1`` prints the VM program, ``2`` also the CUDA source, ``3`` also the
-compiler's resource report.
+- :func:`elaborate`: what every traced program gets before anything else sees it (the
+  front end calls it from ``build``): layout inference, then software pipelining, so the
+  interpreter and the GPU run the same program.
+- :func:`lower`: the lowering passes (:data:`lowvm.passes.PIPELINE`).
+- :func:`generate_cuda`: lower, then emit (:mod:`lowvm.codegen`).
+- :func:`compile`: generate, compile (disk-cached), load; ``lowvm.compile(program,
+  **constants)`` returns a :class:`CompiledProgram` whose ``source`` is the generated
+  CUDA and which launches like a function with torch tensors.
+
+``LOWVM_DEBUG=1`` prints the VM program (and the program after each pass), ``2`` also
+the CUDA source, ``3`` also the compiler's resource report.
 """
 
 from __future__ import annotations
@@ -11,11 +18,32 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from lowvm.codegen import CudaSource, generate_cuda
+from lowvm.codegen import CudaSource, emit_cuda
 from lowvm.expr import compile_exprs
-from lowvm.ir import PointerType, Program, ProgramError
+from lowvm.ir import DEFAULT_MAX_SHARED_BYTES, PointerType, Program, ProgramError
+from lowvm.passes import run_passes
+from lowvm.passes.layout_inference import infer_layouts
+from lowvm.passes.software_pipeline import pipeline_loops
 
-__all__ = ["CompiledProgram", "compile", "current_arch", "arch_for"]
+__all__ = ["elaborate", "lower", "generate_cuda", "CompiledProgram", "compile",
+           "current_arch", "arch_for"]
+
+
+def elaborate(program: Program, max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES) -> Program:
+    """A traced program made whole: every tile gets a concrete layout, then loops with
+    ``vm.range(stages=...)`` become pipelines (within ``max_shared_bytes`` of shared
+    memory per block), so the interpreter and codegen both run the pipelined program."""
+    return pipeline_loops(infer_layouts(program), max_shared_bytes)
+
+
+def lower(program: Program, upto: str | None = None) -> Program:
+    """``program`` after the lowering passes (stopping after the pass named ``upto``)."""
+    return run_passes(program, upto)
+
+
+def generate_cuda(program: Program) -> CudaSource:
+    """The CUDA C++ source of ``program``, after the lowering passes."""
+    return emit_cuda(lower(program))
 
 
 def current_arch() -> str:

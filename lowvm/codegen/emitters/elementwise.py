@@ -1,0 +1,79 @@
+"""CUDA of elementwise arithmetic (:mod:`lowvm.instructions.elementwise`): packed
+half2/bfloat162 math where :mod:`lowvm.codegen.packed_math` applies, else per element."""
+
+from __future__ import annotations
+
+from lowvm.codegen.context import CudaContext
+from lowvm.codegen.emitters.registry import register_emitter
+from lowvm.codegen.packed_math import emit_packed_elementwise
+from lowvm.expr import const_value
+from lowvm.instructions.base import gather_map
+from lowvm.instructions.elementwise import COMPARISONS, Elementwise
+from lowvm.ir import ProgramError, RegisterTensor
+
+__all__ = ["emit_elementwise"]
+
+
+@register_emitter(Elementwise)
+def emit_elementwise(inst: Elementwise, cg: CudaContext) -> None:
+
+    if emit_packed_elementwise(inst, cg):
+        return
+    cg.line(f"// {inst}")
+    is_float = any(
+        (isinstance(a, RegisterTensor) and a.dtype.is_float)
+        or (not isinstance(a, RegisterTensor) and isinstance(const_value(a), float))
+        for a in inst.args
+    )
+    cg.line("#pragma unroll")
+    with cg.block(f"for (int l = 0; l < {inst.out.layout.local_size}; ++l)"):
+        values = []
+        for a in inst.args:
+            if isinstance(a, RegisterTensor):
+                values.append(cg.get(a, _local_of(cg, inst.out, a)))
+            else:
+                values.append(cg.expr(a))
+        expr = _c_op(inst.op, values, is_float)
+        result_float = is_float and inst.op not in COMPARISONS
+        cg.line(cg.set(inst.out, "l", expr, result_float))
+
+
+def _local_of(cg: CudaContext, out: RegisterTensor, operand: RegisterTensor) -> str:
+    """The operand's local (a C expression in ``l``) feeding the result's local ``l``."""
+    if operand.shape == out.shape and operand.layout == out.layout:
+        return "l"
+    table = gather_map(out, operand, "elementwise")
+    if not (table == table[0]).all():
+        raise ProgramError(
+            f"lowering: the operand %{operand.name} reaches the result through different "
+            "registers in different threads; give it the result's layout"
+        )
+    name = cg.fresh(f"map_{operand.name}")
+    cg.line(f"const int {name}[{table.shape[1]}] = {{{', '.join(map(str, table[0]))}}};")
+    return f"{name}[l]"
+
+
+def _c_op(op: str, v: list[str], is_float: bool) -> str:
+    f = is_float
+    table = {
+        "neg": lambda: f"-({v[0]})",
+        "abs": lambda: f"fabsf({v[0]})" if f else f"abs({v[0]})",
+        "exp": lambda: f"expf({v[0]})",
+        "sqrt": lambda: f"sqrtf({v[0]})",
+        "add": lambda: f"({v[0]}) + ({v[1]})",
+        "sub": lambda: f"({v[0]}) - ({v[1]})",
+        "mul": lambda: f"({v[0]}) * ({v[1]})",
+        "div": lambda: f"({v[0]}) / ({v[1]})",
+        "mod": lambda: f"({v[0]}) % ({v[1]})",
+        "max": lambda: f"fmaxf({v[0]}, {v[1]})" if f else f"max({v[0]}, {v[1]})",
+        "min": lambda: f"fminf({v[0]}, {v[1]})" if f else f"min({v[0]}, {v[1]})",
+        "lt": lambda: f"({v[0]}) < ({v[1]})",
+        "le": lambda: f"({v[0]}) <= ({v[1]})",
+        "gt": lambda: f"({v[0]}) > ({v[1]})",
+        "ge": lambda: f"({v[0]}) >= ({v[1]})",
+        "eq": lambda: f"({v[0]}) == ({v[1]})",
+        "ne": lambda: f"({v[0]}) != ({v[1]})",
+        "where": lambda: f"({v[0]}) ? ({v[1]}) : ({v[2]})",
+        "fma": lambda: f"fmaf({v[0]}, {v[1]}, {v[2]})" if f else f"({v[0]}) * ({v[1]}) + ({v[2]})",
+    }
+    return table[op]()
