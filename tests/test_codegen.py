@@ -17,7 +17,7 @@ KNOWN_SPILLS = {("quant_gemm_int4_swap_ab", "sm_80"):
                 "ptxas for sm_80 holds the swapped batch-1 GEMM (prefetch 4, the library's "
                 "M = 1 choice on 4096 x 28672) to 72 registers and spills 52 bytes in its "
                 "loop; sm_90 uses 84 and none. A min_blocks=5 hint removes it on sm_80 but "
-                "makes sm_90 spill (twelfth session); no A100 to measure which costs more",
+                "makes sm_90 spill; no A100 to measure which costs more",
                 ("quant_matmul_int4", "sm_90"):
                 "since the related shared addresses (base + immediate per ldmatrix), ptxas "
                 "for sm_90 fits the example GEMM in 40 registers by spilling its loop bound "

@@ -95,7 +95,7 @@ class DotShared(Instruction):
     c: RegisterTensor
     #: False: the call may return before the multiply completes; ``a``, the result and the
     #: tile stay busy until ``dot_wait`` (the interpreter rejects any use before it). The
-    #: wgmma lowering still waits at the call (see ``codegen/selected.py``)
+    #: wgmma lowering still waits at the call (see ``codegen/emitters/dot_selected.py``)
     wait: bool = True
 
     def check(self) -> None:

@@ -622,7 +622,7 @@ def dot_shared(a: RegisterTensor, b: SharedTensor, c: RegisterTensor,
     :func:`dot_wait`, the registers of ``a`` (and of what ``a`` renames), the result and
     the tile may not be overwritten or, the result, read (the interpreter checks it). The
     wgmma lowering still waits at the call: issuing without waiting gave wrong sums on
-    the H100 in the eighth session (NOTES.md)."""
+    the H100."""
     a, c = _tile(a, "dot_shared"), _tile(c, "dot_shared")
     if not isinstance(b, SharedTensor):
         raise _fail(f"dot_shared: b must be a shared tile, got {type(b).__name__}")
