@@ -16,10 +16,10 @@ import pytest
 import lowvm
 import lowvm.lang as vm
 from lowvm.driver import arch_for, generate_cuda
+from lowvm.instructions.plans import WgmmaPlan
 from lowvm.ir import ProgramError
 from lowvm.layouts import permute, swizzle_128b, wgmma_layouts
 from lowvm.passes import run_passes
-from lowvm.passes.instruction_selection import WgmmaPlan
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 

@@ -20,9 +20,9 @@ from lowvm.codegen.emitters import emitter_for
 from lowvm.codegen.emitters.memory_selected import related_addresses_enabled
 from lowvm.codegen.shared_alloc import allocate_shared
 from lowvm.codegen.thread_offsets import Relation, relation, swizzled_offsets
+from lowvm.instructions.plans import CpAsyncPlan, LdmatrixPlan
 from lowvm.layouts import shared_row_major, swizzle_128b
 from lowvm.passes import run_passes
-from lowvm.passes.instruction_selection import CpAsyncPlan, LdmatrixPlan
 from tests.programs import EXAMPLES
 
 _SIZES = {"__half": 2, "__nv_bfloat16": 2, "float": 4, "lowvm_u8": 1, "lowvm_i8": 1,
@@ -250,7 +250,7 @@ def _global_loads(lines: list[str], threads: int) -> dict[int, np.ndarray]:
 
 def _global_vector_loads(name: str):
     from lowvm.instructions.memory import LoadGlobal
-    from lowvm.passes.vectorize import VectorAccess
+    from lowvm.instructions.plans import VectorAccess
 
     template, constants = EXAMPLES[name]
     program = run_passes(template.build(**constants))
