@@ -267,7 +267,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     for j in range(l2_ahead):  # the L2 runs `l2_ahead` steps beyond the registers
         ask_l2(b.k_tile0 + prefetch + j)
     # weights, scales and zeros are not written by the kernel launched just before (the
-    # promise of an overlapped launch, ``library.overlapped_launches``): the loads above
+    # promise of an overlapped launch, ``overlapped_launches``): the loads above
     # may overlap it; x, y and the split-K buffers wait for it
     vm.wait_prior_grid()
     if x_whole:

@@ -55,7 +55,7 @@ __all__ = ["quant_gemm_prefill", "quant_gemm_prefill_bf16", "PrefillLayouts",
            "prefill_layouts", "shared_b_layout", "FORMAT_BN", "FORMAT_WARPS_N",
            "PREFILL_SCHEDULE", "PREFILL_SCHEDULE_SM80", "prefill_schedule_for"]
 
-#: the repacked format's N tile and warps (``lowvm.kernels.library.WEIGHT_BN`` etc.)
+#: the repacked format's N tile and warps (``lowvm.kernels.weights.WEIGHT_BN`` etc.)
 FORMAT_BN = 64
 FORMAT_WARPS_N = 4
 _FORMAT_THREADS = FORMAT_WARPS_N * 32
