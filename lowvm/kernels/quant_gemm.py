@@ -35,8 +35,8 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   M = 1): each step computes ``y^T = q^T @ x^T``, so an ``m16n8k16`` covers 16 weight rows
   and uses one of its 8 columns, where x as A used one of its 16 rows: half the
   ``mma.sync``, ``ldmatrix`` and scale multiplies, the same conversion (:class:`_Swapped`).
-  On the H100 (twelfth session) 4096 x 28672 went 26.1 -> 24.2 us (int4), 27.4 -> 21.6
-  (int3).
+  On the H100 4096 x 28672 went 26.1 -> 24.2 us (int4), 27.4 -> 21.6 (int3)
+  (`python -m lowvm.bench schedules`).
 
 - **Narrow blocks** (``bn`` = 32 or 16: 2 or 1 warps): a block reads its warps' rows of
   the 64-wide format tiles (:meth:`_Block.load_weights`), so one repacked copy also serves
