@@ -16,8 +16,7 @@ import numpy as np
 from lowvm.dtypes import DType, decode
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
-from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.weight_format import FORMAT_BN, FORMAT_WARPS_N, repack_weights
+from lowvm.kernels.weight_format import FORMAT_BN, FORMAT_WARPS_N, weight_format
 
 __all__ = ["WEIGHT_BN", "WEIGHT_WARPS_N", "QuantWeight", "weight_bk", "prepare_weight",
            "check_weight_shape", "check_activation", "fits_float16"]
@@ -93,8 +92,7 @@ def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, gr
     if zeros is not None and zeros.shape != scales.shape:
         raise LowvmError(f"zeros must have the shape of scales {list(scales.shape)}, got "
                          f"{list(zeros.shape)}")
-    sched = GemmSchedule(bk=bk)
-    packed = repack_weights(np.asarray(codes), wt, sched)
+    packed = weight_format(wt, bk).repack(np.asarray(codes))
 
     def half(a: np.ndarray) -> Any:
         return torch.from_numpy(np.ascontiguousarray(a, np.float16)).to(device)
