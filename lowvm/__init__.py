@@ -11,10 +11,21 @@ from lowvm.dtypes import __all__ as _dtype_names
 from lowvm.errors import DTypeError, LayoutError, LowvmError
 from lowvm.interpreter import InterpretError, interpret
 from lowvm.ir import ProgramError
+from lowvm.kernels.schedule_source import set_schedule_source as _set_schedule_source
 from lowvm.nn.hf_hook import install as _install_hf_hook
 from lowvm.version import __version__ as __version__
 
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
+
+
+def _tuned_schedule(m: int, weight: object) -> object:
+    """quant_linear's schedule source: the autotuner's cache (imported on first use)."""
+    from lowvm.tune.lookup import tuned_schedule
+
+    return tuned_schedule(m, weight)
+
+
+_set_schedule_source(_tuned_schedule)
 
 _NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "fuse_projections", "FuseReport",
              "use_decode_attention")
@@ -28,9 +39,9 @@ def __getattr__(name: str) -> object:
 
         return getattr(lowvm.nn, name)
     if name in _KERNEL_NAMES:
-        import lowvm.kernels.library
+        import lowvm.runtime.workspaces
 
-        return getattr(lowvm.kernels.library, name)
+        return getattr(lowvm.runtime.workspaces, name)
     raise AttributeError(f"module 'lowvm' has no attribute {name!r}")
 
 __all__ = [

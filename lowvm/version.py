@@ -1,3 +1,4 @@
-"""The package version (its own module, so that lowvm's modules can read it)."""
+"""lowvm's version (a module of its own, so the compile cache can read it without
+importing the package)."""
 
 __version__ = "0.1.0"

@@ -157,10 +157,10 @@ def test_split_k_layers_under_cuda_graph_trees(monkeypatch):
     split K, with the library's split-K buffers first made while the trees warm up and
     record (they must not land in the trees' pool, which refuses live tensors it did
     not make), and replays with new inputs give eager's result."""
-    from lowvm.kernels import library
     from lowvm.kernels.library import choose_schedule
+    from lowvm.runtime import workspaces
 
-    monkeypatch.setattr(library, "_SPLIT", {})
+    monkeypatch.setattr(workspaces, "_SPLIT", {})
     torch.manual_seed(3)
     layers = torch.nn.Sequential(torch.nn.Linear(4096, 4096, bias=False).half(),
                                  torch.nn.Linear(4096, 1024, bias=False).half())

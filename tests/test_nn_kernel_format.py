@@ -10,6 +10,7 @@ import torch
 
 import lowvm
 from lowvm.dtypes import all_dtypes
+from lowvm.kernels import weight_format
 from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights, unpack_repacked
 from lowvm.nn import kernel_format as kf
 from lowvm.nn.errors import QuantizationError
@@ -86,9 +87,9 @@ def test_a_changed_format_is_followed_and_changes_the_fingerprint(monkeypatch):
     """If the library stores bits elsewhere (here: nibbles swapped, two bits flipped), the
     derived torch repacker follows it and the fingerprint changes."""
     real = kf.KernelFormat(lowvm.int4, 128)
-    monkeypatch.setattr(kf, "repack_weights",
+    monkeypatch.setattr(weight_format, "repack_weights",
                         lambda codes, wt, s: _swap_nibbles(repack_weights(codes, wt, s)))
-    monkeypatch.setattr(kf, "unpack_repacked",
+    monkeypatch.setattr(weight_format, "unpack_repacked",
                         lambda p, wt, n, k, s: unpack_repacked(_unswap_nibbles(p), wt, n, k, s))
     changed = kf.KernelFormat(lowvm.int4, 128)
     assert changed.fast and changed.fingerprint != real.fingerprint
@@ -103,9 +104,9 @@ def test_a_format_that_is_no_bit_map_falls_back_to_the_library(monkeypatch):
     """Codes stored plus one (carries: not a per-bit map): the check fails, and conversion
     goes through the library's numpy functions, still exact."""
     real = kf.kernel_format("uint3", 64)
-    monkeypatch.setattr(kf, "repack_weights", lambda codes, wt, s: repack_weights(
+    monkeypatch.setattr(weight_format, "repack_weights", lambda codes, wt, s: repack_weights(
         ((codes.astype(np.int64) + 1) % 8).astype(np.uint8), wt, s))
-    monkeypatch.setattr(kf, "unpack_repacked", lambda p, wt, n, k, s: (
+    monkeypatch.setattr(weight_format, "unpack_repacked", lambda p, wt, n, k, s: (
         (unpack_repacked(p, wt, n, k, s).astype(np.int64) - 1) % 8).astype(np.uint8))
     fmt = kf.KernelFormat(lowvm.uint3, 64)
     assert not fmt.fast
@@ -128,7 +129,7 @@ def test_the_tile_order_is_checked(monkeypatch):
         return np.concatenate([per_n[kt][nt] for nt in range(n // s.bn)
                                for kt in range(k // s.bk)])
 
-    monkeypatch.setattr(kf, "repack_weights", n_major)
+    monkeypatch.setattr(weight_format, "repack_weights", n_major)
     fmt = kf.KernelFormat(lowvm.int4, 32)
     assert not fmt.fast  # the fast path would put tiles in the wrong order
     codes = _codes(128, 64, 4, seed=9)

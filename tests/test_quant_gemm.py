@@ -698,62 +698,61 @@ def test_the_library_uses_a_tuned_schedule_from_the_tuning_cache(tmp_path, monke
     when the weight's format can run it, and falls back to choose_schedule otherwise."""
     import torch
 
-    from lowvm.kernels import library
-    from lowvm.tune import Schedule, TuneCache
+    from lowvm.tune import Schedule, TuneCache, lookup
     from lowvm.tune.cache import TuneKey
 
-    monkeypatch.setattr(library, "_device_name", lambda device: "Test GPU")
+    monkeypatch.setattr(lookup, "_device_name", lambda device: "Test GPU")
     rng = np.random.default_rng(13)
     n, k, g = 256, 1024, 128
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
     qw = prepare_weight(codes, scales, "int4", g, device="cpu")
     cache = TuneCache(tmp_path / "tune.json")
-    assert library.tuned_schedule(1, qw, cache) is None  # nothing tuned yet
+    assert lookup.tuned_schedule(1, qw, cache) is None  # nothing tuned yet
     tuned = Schedule(16, 64, 128, 1, 4, stages=3, split_k=2)
     cache.put(TuneKey.for_problem("Test GPU", "int4", g, n, k, 1),
               {"schedule": tuned.constants(), "seconds": 1e-5})
-    s = library.tuned_schedule(1, qw, cache)
+    s = lookup.tuned_schedule(1, qw, cache)
     assert (s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split, s.stages) == (16, 64, 128, 1, 4,
                                                                            2, 3)
-    assert library.tuned_schedule(1, qw, TuneCache(tmp_path / "other.json")) is None
+    assert lookup.tuned_schedule(1, qw, TuneCache(tmp_path / "other.json")) is None
     # a pick the repacked format cannot run (bn = 128) is ignored
     cache.put(TuneKey.for_problem("Test GPU", "int4", g, n, k, 1),
               {"schedule": Schedule(16, 128, 128, 1, 4).constants(), "seconds": 1e-5})
-    assert library.tuned_schedule(1, qw, cache) is None
+    assert lookup.tuned_schedule(1, qw, cache) is None
     # an unreadable cache: one warning, then the built-in schedules
     bad = tmp_path / "bad.json"
     bad.write_text("not json")
     with pytest.warns(UserWarning, match="tuning cache"):
-        assert library.tuned_schedule(1, qw, TuneCache(bad)) is None
+        assert lookup.tuned_schedule(1, qw, TuneCache(bad)) is None
     assert isinstance(qw.packed, torch.Tensor)
 
 
 def test_split_k_buffers_are_per_stream_and_per_graph_capture(monkeypatch):
     """Eager calls on one stream share a pair; each graph capture gets its own (allocated
     and zeroed inside it), so graphs replayed in any order never see another's state."""
-    from lowvm.kernels import library
+    from lowvm.runtime import workspaces
 
     where = {"stream": 7, "capture": 0}
-    monkeypatch.setattr(library, "_stream_and_capture",
+    monkeypatch.setattr(workspaces, "stream_and_capture",
                         lambda device: (where["stream"], where["capture"]))
-    monkeypatch.setattr(library, "_SPLIT", {})
-    monkeypatch.setattr(library, "_RETIRED", [])
+    monkeypatch.setattr(workspaces, "_SPLIT", {})
+    monkeypatch.setattr(workspaces, "_RETIRED", [])
     import torch
 
     cpu = torch.device("cpu")
-    eager = library._split_buffers(cpu, 64 * 4096, 256)
-    assert library._split_buffers(cpu, 16 * 1024, 64) is eager  # smaller: the same pair
+    eager = workspaces.split_buffers(cpu, 64 * 4096, 256)
+    assert workspaces.split_buffers(cpu, 16 * 1024, 64) is eager  # smaller: the same pair
     assert not eager[0].any() and not eager[1].any()
     where["capture"] = 11
-    first = library._split_buffers(cpu, 16 * 1024, 64)
+    first = workspaces.split_buffers(cpu, 16 * 1024, 64)
     assert first is not eager
     where["capture"] = 12
-    second = library._split_buffers(cpu, 16 * 1024, 64)
+    second = workspaces.split_buffers(cpu, 16 * 1024, 64)
     assert second is not first and second is not eager
-    grown = library._split_buffers(cpu, eager[0].numel() * 4, 64)  # outgrown in capture 12
-    assert grown is not second and library._RETIRED == [second]  # kept: kernels use it
+    grown = workspaces.split_buffers(cpu, eager[0].numel() * 4, 64)  # outgrown in capture 12
+    assert grown is not second and workspaces._RETIRED == [second]  # kept: kernels use it
     where.update(stream=8, capture=0)
-    assert library._split_buffers(cpu, 16, 1) is not eager  # another stream
+    assert workspaces.split_buffers(cpu, 16, 1) is not eager  # another stream
 
 
 @pytest.mark.gpu
@@ -763,7 +762,7 @@ def test_gpu_split_k_in_graphs_replayed_in_any_order_and_buffers_left_clean():
     every workspace and counter zeroed."""
     import torch
 
-    from lowvm.kernels import library
+    from lowvm.runtime import workspaces
 
     rng = np.random.default_rng(14)
     n, k, g = 256, 2048, 128
@@ -775,7 +774,7 @@ def test_gpu_split_k_in_graphs_replayed_in_any_order_and_buffers_left_clean():
     for m, x in xs.items():  # eager first: compiles, and the per-stream pair is cleaned
         assert _rel(quant_linear(x, qw).cpu().numpy(), refs[m]) < 2e-3
     torch.cuda.synchronize()
-    assert all(not ws.any() and not c.any() for ws, c in library._SPLIT.values())
+    assert all(not ws.any() and not c.any() for ws, c in workspaces._SPLIT.values())
     graphs, outs = {}, {}
     for m, x in xs.items():
         graphs[m] = torch.cuda.CUDAGraph()
@@ -844,7 +843,7 @@ def test_overlap_is_dropped_for_the_call_that_casts_the_scales():
 
     import torch
 
-    from lowvm.kernels import library
+    from lowvm.kernels import dispatch, library
 
     launched = []
 
@@ -858,8 +857,8 @@ def test_overlap_is_dropped_for_the_call_that_casts_the_scales():
     planner = lambda *a: (gemm, None, False)  # noqa: E731
     with library.overlapped_launches():
         for dtype in (torch.bfloat16, torch.bfloat16, torch.float16):
-            library._run(torch.zeros(1, 128, dtype=dtype), qw, None, planner)
-    library._run(torch.zeros(1, 128, dtype=torch.float16), qw, None, planner)
+            dispatch._run(torch.zeros(1, 128, dtype=dtype), qw, None, planner)
+    dispatch._run(torch.zeros(1, 128, dtype=torch.float16), qw, None, planner)
     assert launched == [False, True, True, False]
 
 

@@ -222,7 +222,7 @@ def test_quant_linear_runs_wgmma_on_sm90(m, dtype, n, k):
     float64."""
     import torch
 
-    from lowvm.kernels import library
+    from lowvm.kernels import dispatch
     from lowvm.kernels.library import prepare_weight, quant_linear, quantize_to_codes
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -232,9 +232,9 @@ def test_quant_linear_runs_wgmma_on_sm90(m, dtype, n, k):
     qw = prepare_weight(codes, scales, "int4", 128)
     x = torch.from_numpy(rng.standard_normal((m, k)).astype(np.float32)).cuda().to(
         getattr(torch, dtype))
-    before = len(library._WGMMA_PLANS)
+    before = len([key for key in dispatch._PLANS if key[0] == dispatch.WGMMA])
     y = quant_linear(x, qw)
     torch.cuda.synchronize()
-    assert len(library._WGMMA_PLANS) == before + 1
+    assert len([key for key in dispatch._PLANS if key[0] == dispatch.WGMMA]) == before + 1
     ref = _reference(x.float().cpu().numpy(), codes, scales, lowvm.int4, 128)
     assert _rel(y.float().cpu().numpy(), ref) < (2e-2 if dtype == "bfloat16" else 2e-3)

@@ -29,8 +29,7 @@ def _tuning_set_up(tmp_path, monkeypatch, m: int, seed: int):
 
 
 def test_tuned_decode_pick_is_no_slower_than_the_builtin_choice(tmp_path, monkeypatch):
-    from lowvm.kernels import library
-    from lowvm.tune import Autotuner
+    from lowvm.tune import Autotuner, lookup
     from lowvm.tune.gpu import current_gpu
 
     m = 1
@@ -53,7 +52,7 @@ def test_tuned_decode_pick_is_no_slower_than_the_builtin_choice(tmp_path, monkey
     assert min(pick_t) <= 1.05 * min(base_t), (result.schedule, pick_t, base_t)
 
     # the cache gives quant_linear exactly the measured schedule, every field
-    assert library.tuned_schedule(m, weight, cache) == result.schedule
+    assert lookup.tuned_schedule(m, weight, cache) == result.schedule
     again = tuner.tune(problem, "int4")
     assert again.from_cache and again.schedule == result.schedule
 
@@ -63,8 +62,8 @@ def test_tuned_wgmma_pick_is_used_by_quant_linear(tmp_path, monkeypatch):
     wgmma choice, and quant_linear then runs the cached pick (results still correct)."""
     import torch
 
-    from lowvm.kernels import library
-    from lowvm.tune import Autotuner
+    from lowvm.kernels import dispatch, library
+    from lowvm.tune import Autotuner, lookup
     from lowvm.tune.gpu import current_gpu
 
     if torch.cuda.get_device_capability() != (9, 0):
@@ -77,11 +76,12 @@ def test_tuned_wgmma_pick_is_used_by_quant_linear(tmp_path, monkeypatch):
     print(result.summary())
     assert result.builtin == builtin and result.schedule.wgmma
     assert len(result.failures) < result.measured, result.failures
-    assert library.tuned_schedule(m, weight, cache) == result.schedule
-    library._WGMMA_PLANS.clear()
+    assert lookup.tuned_schedule(m, weight, cache) == result.schedule
+    dispatch._PLANS.clear()
     x = torch.randn(m, k, device="cuda", dtype=torch.float16)
     y = library.quant_linear(x, weight)
-    (key, (gemm, _, _)), = library._WGMMA_PLANS.items()
+    (key, (gemm, _, _)), = [(key, p) for key, p in dispatch._PLANS.items()
+                            if key[0] == dispatch.WGMMA]
     consts, pick = dict(gemm.program.constants), result.schedule
     assert key[-1] is None  # no schedule given: the plan took the cached pick
     assert (consts["bm"], consts["bn"], consts["split"], consts["stages"],

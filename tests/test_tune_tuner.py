@@ -321,7 +321,7 @@ def test_a_tuned_schedule_round_trips_through_the_cache_into_the_library(tmp_pat
                                                                          pick):
     """Every field comes back: the tuner's cache hit and quant_linear's tuned_schedule
     rebuild the very GemmSchedule that was measured."""
-    from lowvm.kernels import library
+    from lowvm.tune import lookup
 
     qw = _weight()
     problem = Problem(m, qw.n, qw.k, 4, qw.group)
@@ -339,30 +339,30 @@ def test_a_tuned_schedule_round_trips_through_the_cache_into_the_library(tmp_pat
     assert entry["is_builtin"] is False and entry["builtin_seconds"] == 9e-6
     hit = tuner.tune(problem, "int4")
     assert hit.from_cache and hit.schedule == winner
-    monkeypatch.setattr(library, "_device_name", lambda device: "Test GPU")
-    assert library.tuned_schedule(m, qw, cache) == winner
+    monkeypatch.setattr(lookup, "_device_name", lambda device: "Test GPU")
+    assert lookup.tuned_schedule(m, qw, cache) == winner
     # the same entry at a K it cannot split is ignored rather than raised on
-    assert library.tuned_schedule(m, _weight(k=512), cache) is None
+    assert lookup.tuned_schedule(m, _weight(k=512), cache) is None
 
 
 def test_entries_of_the_first_format_still_load_with_one_warning(tmp_path, monkeypatch):
-    from lowvm.kernels import library
+    from lowvm.tune import lookup
 
     qw = _weight()
     monkeypatch.setattr(cache_mod, "_LEGACY_WARNED", set())
-    monkeypatch.setattr(library, "_device_name", lambda device: "Test GPU")
+    monkeypatch.setattr(lookup, "_device_name", lambda device: "Test GPU")
     cache = TuneCache(tmp_path / "tune.json")
     old = Schedule(16, 64, 128, 1, 4, stages=3, split_k=2)
     key = TuneKey.for_problem("Test GPU", "int4", 128, 256, 1024, 1)
     cache.put(key, {"schedule": old.constants(), "seconds": 1e-5})   # what v1 wrote
     with pytest.warns(UserWarning, match="first format"):
-        s = library.tuned_schedule(1, qw, cache)
+        s = lookup.tuned_schedule(1, qw, cache)
     assert s == GemmSchedule(split=2, stages=3, prefetch=1, fused_split=True)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")                 # once per process
-        assert library.tuned_schedule(1, qw, cache) == s
+        assert lookup.tuned_schedule(1, qw, cache) == s
     hit = Autotuner(FakeMeasure(), H100_SXM.with_(name="Test GPU"), cache=cache,
                     progress=False).tune(Problem(1, 256, 1024, 4, 128), "int4")
     assert hit.from_cache and hit.schedule == old and hit.builtin is None
@@ -375,11 +375,12 @@ def test_entries_of_the_first_format_still_load_with_one_warning(tmp_path, monke
 ])
 def test_malformed_entries_are_errors_for_the_tuner_and_ignored_by_the_library(
         tmp_path, monkeypatch, schedule, needle):
-    from lowvm.kernels import library
+    from lowvm.runtime import workspaces
+    from lowvm.tune import lookup
 
     qw = _weight()
-    monkeypatch.setattr(library, "_device_name", lambda device: "Test GPU")
-    monkeypatch.setattr(library, "_WARNED", set())
+    monkeypatch.setattr(lookup, "_device_name", lambda device: "Test GPU")
+    monkeypatch.setattr(workspaces, "_WARNED", set())
     cache = TuneCache(tmp_path / "tune.json")
     key = TuneKey.for_problem("Test GPU", "int4", 128, 256, 1024, 1)
     cache.put(key, {"schedule_type": "GemmSchedule", "schedule": schedule, "seconds": 1e-5})
@@ -387,4 +388,4 @@ def test_malformed_entries_are_errors_for_the_tuner_and_ignored_by_the_library(
         Autotuner(FakeMeasure(), H100_SXM.with_(name="Test GPU"), cache=cache,
                   progress=False).tune(Problem(1, 256, 1024, 4, 128), "int4")
     with pytest.warns(UserWarning, match=needle):
-        assert library.tuned_schedule(1, qw, cache) is None
+        assert lookup.tuned_schedule(1, qw, cache) is None

@@ -35,8 +35,8 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
   M = 1): each step computes ``y^T = q^T @ x^T``, so an ``m16n8k16`` covers 16 weight rows
   and uses one of its 8 columns, where x as A used one of its 16 rows: half the
   ``mma.sync``, ``ldmatrix`` and scale multiplies, the same conversion (:class:`_Swapped`).
-  On the H100 (twelfth session) 4096 x 28672 went 26.1 -> 24.2 us (int4), 27.4 -> 21.6
-  (int3).
+  On the H100 4096 x 28672 went 26.1 -> 24.2 us (int4), 27.4 -> 21.6 (int3)
+  (`python -m lowvm.bench schedules`).
 
 - **Narrow blocks** (``bn`` = 32 or 16: 2 or 1 warps): a block reads its warps' rows of
   the 64-wide format tiles (:meth:`_Block.load_weights`), so one repacked copy also serves
@@ -267,7 +267,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     for j in range(l2_ahead):  # the L2 runs `l2_ahead` steps beyond the registers
         ask_l2(b.k_tile0 + prefetch + j)
     # weights, scales and zeros are not written by the kernel launched just before (the
-    # promise of an overlapped launch, ``library.overlapped_launches``): the loads above
+    # promise of an overlapped launch, ``overlapped_launches``): the loads above
     # may overlap it; x, y and the split-K buffers wait for it
     vm.wait_prior_grid()
     if x_whole:

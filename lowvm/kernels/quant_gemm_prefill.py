@@ -55,15 +55,15 @@ __all__ = ["quant_gemm_prefill", "quant_gemm_prefill_bf16", "PrefillLayouts",
            "prefill_layouts", "shared_b_layout", "FORMAT_BN", "FORMAT_WARPS_N",
            "PREFILL_SCHEDULE", "PREFILL_SCHEDULE_SM80", "prefill_schedule_for"]
 
-#: the repacked format's N tile and warps (``lowvm.kernels.library.WEIGHT_BN`` etc.)
+#: the repacked format's N tile and warps (``lowvm.kernels.weights.WEIGHT_BN`` etc.)
 FORMAT_BN = 64
 FORMAT_WARPS_N = 4
 _FORMAT_THREADS = FORMAT_WARPS_N * 32
 
 #: the default schedule: 256 x 128 block tile, 4 x 2 warps of 64 x 64 (256 threads, one per
 #: format thread of the two weight tiles, so every 1..8-bit type splits evenly), x in two
-#: stages. Measured best of five on the H100 (benchmarks/NOTES.md): 294 TFLOP/s at
-#: M = 4096 on 4096 x 28672, against 246 for 128 x 128 on 4 x 2 warps.
+#: stages. Measured best of five on the H100: 294 TFLOP/s at M = 4096 on 4096 x 28672,
+#: against 246 for 128 x 128 on 4 x 2 warps (`python -m lowvm.bench schedules`).
 PREFILL_SCHEDULE = GemmSchedule(bm=256, bn=128, bk=128, warps_m=4, warps_n=2, split=1,
                                 stages=2, prefetch=1)
 #: sm_80's ptxas spills 8 bytes at 255 registers for the 256 x 128 tile; the 128 x 128

@@ -87,7 +87,7 @@ def quantize_weights(weight: np.ndarray, wtype: DType | str, group: int
     Returns ``(packed [N, K*bits/8] uint8, scales [K/group, N] float16)`` with each
     group's scale = absmax / the type's largest value (largest magnitude for uints).
     """
-    from lowvm.kernels.library import quantize_to_codes
+    from lowvm.kernels.quantize import quantize_to_codes
 
     wt = as_dtype(wtype)
     codes, scales = quantize_to_codes(weight, wt, group)

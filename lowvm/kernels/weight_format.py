@@ -6,10 +6,13 @@ values in the MMA B order, 1..7-bit integer codes in :func:`stored_order`);
 :func:`repack_weights` / :func:`unpack_repacked` turn plain codes into that format on the
 host (numpy) and back. Every schedule reads the same format (``FORMAT_BN`` wide tiles of
 ``FORMAT_WARPS_N`` warps); the GPU programs of :mod:`lowvm.kernels.repack` write it too.
+:class:`WeightFormat` is that format for one ``(wtype, bk)``, the object the weight
+preparation and :mod:`lowvm.nn` hold.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +29,8 @@ from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
 
 __all__ = ["WeightLayouts", "weight_layouts", "stored_order", "schedule_layouts",
            "repack_index", "repack_weights", "unpack_repacked", "interleave_chunks",
-           "deinterleave_chunks", "FORMAT_BN", "FORMAT_WARPS_N"]
+           "deinterleave_chunks", "FORMAT_BN", "FORMAT_WARPS_N", "WeightFormat",
+           "weight_format"]
 
 
 @dataclass(frozen=True)
@@ -150,3 +154,42 @@ def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
     for kt in range(tiles):
         codes[rows, kt * schedule.bk + cols] = values[kt]
     return codes
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """The repacked format of ``wtype`` weights with K tile ``bk``: ``bn``-wide N tiles read
+    by ``warps_n`` warps, whatever schedule then reads them."""
+
+    wtype: DType
+    bk: int
+    bn: int = FORMAT_BN
+    warps_n: int = FORMAT_WARPS_N
+
+    @property
+    def schedule(self) -> GemmSchedule:
+        """The schedule whose tiles define the format (every schedule reads its tiles)."""
+        return GemmSchedule(bn=self.bn, bk=self.bk, warps_n=self.warps_n)
+
+    @property
+    def layouts(self) -> WeightLayouts:
+        """Register layouts of one format tile."""
+        return schedule_layouts(self.wtype, self.schedule)
+
+    def repack(self, codes: np.ndarray) -> np.ndarray:
+        """Codes ``[N, K]`` -> the repacked bytes (:func:`repack_weights`)."""
+        return repack_weights(codes, self.wtype, self.schedule)
+
+    def unpack(self, packed: np.ndarray, n: int, k: int) -> np.ndarray:
+        """Repacked bytes -> codes ``[N, K]`` (:func:`unpack_repacked`)."""
+        return unpack_repacked(packed, self.wtype, n, k, self.schedule)
+
+
+@functools.cache
+def _weight_format(wtype: DType, bk: int) -> WeightFormat:
+    return WeightFormat(wtype, bk)
+
+
+def weight_format(wtype: DType | str, bk: int) -> WeightFormat:
+    """The :class:`WeightFormat` of ``wtype`` with K tile ``bk`` (one object per pair)."""
+    return _weight_format(as_dtype(wtype), bk)

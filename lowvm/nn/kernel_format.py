@@ -28,8 +28,7 @@ import torch
 
 from lowvm.dtypes import DType
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.weight_format import repack_weights, unpack_repacked
+from lowvm.kernels.weight_format import weight_format
 from lowvm.nn.errors import QuantizationError
 
 __all__ = ["KernelFormat", "kernel_format"]
@@ -60,13 +59,14 @@ class KernelFormat:
 
     def __init__(self, wtype: DType, bk: int) -> None:
         self.wtype, self.bk = wtype, bk
-        self.schedule = GemmSchedule(bk=bk)
-        self.bn = self.schedule.bn
+        self.format = weight_format(wtype, bk)
+        self.schedule = self.format.schedule
+        self.bn = self.format.bn
         nbits = wtype.nbits
         digest = hashlib.blake2b(f"{wtype.name}/bk={bk}/bn={self.bn}".encode(), digest_size=8)
 
         def repack(codes: np.ndarray) -> np.ndarray:
-            out = np.ascontiguousarray(repack_weights(codes, wtype, self.schedule))
+            out = np.ascontiguousarray(self.format.repack(codes))
             digest.update(repr(out.shape).encode())
             digest.update(out.tobytes())
             return out
@@ -121,8 +121,7 @@ class KernelFormat:
         back = self._unpack_fast(torch.from_numpy(expected), n, k)
         return (np.array_equal(mine.numpy(), expected)
                 and np.array_equal(back.numpy(), probe)
-                and np.array_equal(unpack_repacked(expected, self.wtype, n, k, self.schedule),
-                                   probe))
+                and np.array_equal(self.format.unpack(expected, n, k), probe))
 
     def _device_tables(self, device: torch.device) -> tuple[torch.Tensor, ...]:
         if device not in self._tables:
@@ -150,7 +149,7 @@ class KernelFormat:
         n, k = codes.shape
         self._check(n, k)
         if not self.fast:
-            out = repack_weights(codes.cpu().numpy(), self.wtype, self.schedule)
+            out = self.format.repack(codes.cpu().numpy())
             return torch.from_numpy(np.ascontiguousarray(out)).to(codes.device)
         return self._repack_fast(codes)
 
@@ -160,7 +159,7 @@ class KernelFormat:
             raise QuantizationError(f"a repacked {self.wtype.name} [{n}, {k}] weight has shape"
                                     f" {self.shape(n, k)}; got {tuple(packed.shape)}")
         if not self.fast:
-            codes = unpack_repacked(packed.cpu().numpy(), self.wtype, n, k, self.schedule)
+            codes = self.format.unpack(packed.cpu().numpy(), n, k)
             return torch.from_numpy(codes.astype(np.uint8)).to(packed.device)
         return self._unpack_fast(packed, n, k)
 
@@ -198,7 +197,7 @@ class KernelFormat:
 
 
 def kernel_format(wtype: DType | str, bk: int) -> KernelFormat:
-    """The format of ``wtype`` weights with K tile ``bk`` (:func:`lowvm.kernels.library.
+    """The format of ``wtype`` weights with K tile ``bk`` (:func:`lowvm.kernels.weights.
     weight_bk` of the group size and K), derived once per process."""
     return _cached(as_dtype(wtype), bk)
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from lowvm.dtypes import DType
-from lowvm.kernels.library import weight_bk
+from lowvm.kernels.weights import weight_bk
 from lowvm.nn.kernel_format import kernel_format
 from lowvm.nn.packing import value_table
 

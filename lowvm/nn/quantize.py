@@ -1,73 +1,17 @@
-"""Round-to-nearest quantization of a dense weight into codes, scales and zero points.
-
-Symmetric types (intN, eXmY): per group, ``scale = absmax / max_value`` and each value is
-rounded to the type (ints: half to even and clamp; small floats: lowvm.dtypes' own round
-to nearest even with saturation). Unsigned types: per group the range ``[min(w, 0),
-max(w, 0)]`` maps onto ``[0, 2**N - 1]`` with an integer zero point, so 0.0 stays exact.
-Scales are rounded to float16 *before* the weights are divided by them, so that
-dequantization with the stored scale is the rounding the codes were chosen for.
-"""
+"""Round-to-nearest quantization of a layer's weight by its :class:`QuantSpec` (the rule
+itself: :func:`lowvm.kernels.quantize.round_to_nearest`)."""
 
 from __future__ import annotations
 
 import torch
 
-from lowvm.dtypes import encode
+from lowvm.kernels.quantize import round_to_nearest
 from lowvm.nn.spec import QuantSpec
 
 __all__ = ["quantize_weight"]
-
-_FP16_MAX = 65504.0
-_FP16_TINY = 2.0**-24  # smallest positive float16 (subnormal)
-_ROWS_PER_CHUNK = 256  # bounds the float64 copy numpy's exact float encoder makes
-
-
-def _to_fp16_scale(scale: torch.Tensor, round_up: bool = False) -> torch.Tensor:
-    """fp32 scales as float16: never 0 (an all-zero group gets 1), never inf.
-
-    ``round_up``: never below the fp32 scale, so a min/max range still fits the codes.
-    """
-    scale = torch.where(scale > 0, scale.clamp(min=_FP16_TINY, max=_FP16_MAX),
-                        torch.ones_like(scale))
-    half = scale.to(torch.float16)
-    if round_up:
-        up = torch.nextafter(half, torch.full_like(half, _FP16_MAX))
-        half = torch.where(half.float() < scale, up, half)
-    return half
-
-
-def _encode_float(scaled: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """Codes of a small float type, chunked over rows (exact RNE from lowvm.dtypes)."""
-    parts = [torch.from_numpy(encode(chunk.numpy(), spec.wtype))
-             for chunk in scaled.split(_ROWS_PER_CHUNK)]
-    return torch.cat(parts).to(scaled.device)
 
 
 def quantize_weight(weight: torch.Tensor, spec: QuantSpec
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``weight [N, K]`` -> ``(codes [N, K] uint8, scales [G, N] fp16, zeros [G, N] | None)``."""
-    wt, group = spec.wtype, spec.group_size
-    n, k = weight.shape
-    w = weight.detach().float().reshape(n, k // group, group)
-    if spec.zero_point:
-        qmax = float(2**wt.nbits - 1)
-        lo = w.amin(dim=-1).clamp(max=0)
-        hi = w.amax(dim=-1).clamp(min=0)
-        scale = _to_fp16_scale((hi - lo) / qmax, round_up=True)
-        s = scale.float().unsqueeze(-1)
-        zero = torch.round(-lo / scale.float()).clamp(0, qmax)
-        q = (torch.round(w / s) + zero.unsqueeze(-1)).clamp(0, qmax)
-        codes = q.to(torch.uint8)
-        zeros: torch.Tensor | None = zero.t().contiguous().to(torch.float16)
-    else:
-        scale = _to_fp16_scale(w.abs().amax(dim=-1) / wt.max_value)
-        scaled = w / scale.float().unsqueeze(-1)
-        if wt.is_float:
-            codes = _encode_float(scaled.reshape(n, k).cpu(), spec).to(weight.device)
-        else:
-            q = torch.round(scaled).clamp(wt.min_value, wt.max_value).to(torch.int16)
-            codes = (q & (2**wt.nbits - 1)).to(torch.uint8)  # two's complement code
-        zeros = None
-    return codes.reshape(n, k), scale.t().contiguous(), zeros
-
-
+    return round_to_nearest(weight, spec.wtype, spec.group_size, spec.zero_point)

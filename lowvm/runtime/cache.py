@@ -25,7 +25,8 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-from lowvm.runtime import compiler as _compiler
+import lowvm.runtime.compiler as _compiler
+from lowvm.version import __version__
 
 __all__ = ["cache_dir", "cache_key", "cached_cubin"]
 
@@ -48,9 +49,7 @@ def cache_dir() -> Path:
 
 
 def _lowvm_version() -> str:
-    import lowvm  # at call time: lowvm/__init__ may import this package
-
-    return str(getattr(lowvm, "__version__", "unknown"))
+    return str(__version__)
 
 
 def cache_key(

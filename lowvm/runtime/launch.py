@@ -23,7 +23,7 @@ from typing import Any
 
 from cuda.bindings import driver as cu
 
-from lowvm.runtime import driver as _drv
+import lowvm.runtime.driver as _drv
 from lowvm.runtime.errors import CudaDriverError, LaunchError
 from lowvm.runtime.params import (
     ParamSpec,

@@ -1,8 +1,8 @@
 """The machine figures the static model needs, with the H100 we benchmark on.
 
-Bandwidth and tensor-core rate are the ones measured on the benchmark H100 (DESIGN.md:
-3.04 TB/s read; cuBLAS fp16 reached 760-798 TFLOP/s), not datasheet peaks, so the
-model predicts achievable times. Resource limits are the sm_90 per-SM limits.
+Bandwidth and tensor-core rate are the ones measured on the benchmark H100 (3.04 TB/s
+read; cuBLAS fp16 reached 760-798 TFLOP/s), not datasheet peaks, so the model predicts
+achievable times. Resource limits are the sm_90 per-SM limits.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def quant_linear_build(weight: Any, m: int, act_dtype: Any = None, *, seed: int 
     """
     import torch
 
-    from lowvm.kernels.library import quant_linear
+    from lowvm.kernels.dispatch import quant_linear
 
     if not isinstance(m, int) or m < 1:
         raise TuneError(f"m={m!r}: the token count must be a positive integer")

@@ -5,10 +5,10 @@ general; most of them cannot read the library's repacked weights (the format fix
 ``bk`` and a 64-wide N tile read by 4 warps, or 1-2 of those warps' rows) and it has
 no name for what makes the library's decode kernel fast (x held whole in shared memory,
 register prefetch depth, K slices). A tuner searching it can only find schedules worse
-than :func:`~lowvm.kernels.library.choose_schedule` at decode. So the space searched for
+than :func:`~lowvm.kernels.schedules.choose_schedule` at decode. So the space searched for
 the library starts at that choice and varies what ``quant_gemm`` takes, keeping only
 schedules that pass the checks the library applies before it compiles one
-(:func:`runnable_reason`: ``library.plan_refusal``, ``quant_gemm``'s static asserts
+(:func:`runnable_reason`: ``schedules.plan_refusal``, ``quant_gemm``'s static asserts
 and the compiler's shared-memory limit), so every candidate measured is one
 ``quant_linear`` would accept.
 """
@@ -18,20 +18,18 @@ from __future__ import annotations
 import itertools
 
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.kernels.dispatch import is_sm90
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.library import (
+from lowvm.kernels.schedules import (
     NUM_SMS_DEFAULT,
-    WEIGHT_BN,
-    WEIGHT_WARPS_N,
     X_WHOLE_BYTES,
     choose_schedule,
     choose_wgmma_schedule,
-    is_sm90,
     plan_refusal,
     runs_wgmma,
-    weight_bk,
     wgmma_refusal,
 )
+from lowvm.kernels.weights import WEIGHT_BN, WEIGHT_WARPS_N, weight_bk
 from lowvm.tune.errors import TuneError
 from lowvm.tune.schedule import Problem
 
@@ -105,7 +103,7 @@ def builtin_schedule(problem: Problem, sm90: bool | None = None) -> GemmSchedule
 
 
 def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | None:
-    """Why ``quant_linear`` (``library.plan_refusal`` and ``quant_gemm``'s static asserts) would
+    """Why ``quant_linear`` (``schedules.plan_refusal`` and ``quant_gemm``'s static asserts) would
     refuse ``s`` for ``x [m, k]`` and a weight ``[n, k]`` of format K tile ``bk``; None
     when it runs. Checked here so that neither the tuner nor a cached entry ever hands
     the library a schedule it raises on."""

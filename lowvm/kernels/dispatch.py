@@ -1,0 +1,262 @@
+"""Run a quantized GEMM on the GPU: plan (kernel, schedule, compiled program) once per call
+shape, then launch on torch's current stream.
+
+``quant_linear`` picks the kernel for the batch size: on sm_90 the wgmma kernel where
+:func:`~lowvm.kernels.schedules.runs_wgmma` says so, ``quant_gemm_prefill`` where
+:func:`~lowvm.kernels.schedules.prefill_split` does, else ``quant_gemm``; a schedule from
+the registered source (:mod:`lowvm.kernels.schedule_source`: the tuning cache) comes
+before the built-in choice. Each plan is cached under its kernel kind and call shape, so a
+repeated call (every decode step) costs one dict lookup; each program specialisation is
+compiled once (memory and disk cached).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lowvm.driver import compile as compile_program
+from lowvm.errors import LowvmError
+from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.quant_gemm import finish_split, finish_split_bf16, quant_gemm, quant_gemm_bf16
+from lowvm.kernels.schedule_source import schedule_source
+from lowvm.kernels.schedules import (
+    THRESHOLDS,
+    choose_prefill_schedule,
+    choose_schedule,
+    choose_wgmma_schedule,
+    plan_refusal,
+    prefill_split,
+    runs_wgmma,
+    wgmma_refusal,
+)
+from lowvm.kernels.weights import WEIGHT_BN, QuantWeight, check_activation
+from lowvm.runtime.workspaces import overlap_enabled, split_buffers
+
+__all__ = ["quant_linear", "prefill_quant_linear", "wgmma_quant_linear", "plan", "is_sm90",
+           "Plan", "QUANT_GEMM", "PREFILL", "WGMMA"]
+
+#: (compiled GEMM, compiled unfused split-K epilogue or None, rows per output tile when
+#: split > 1, else 0)
+Plan = tuple[Any, Any, int]
+#: the kernel kinds a plan is made for
+QUANT_GEMM, PREFILL, WGMMA = "quant_gemm", "quant_gemm_prefill", "quant_gemm_wgmma"
+
+#: plans by (kernel kind, call shape)
+_PLANS: dict[tuple, Plan] = {}
+#: compiled programs by (program name, constants)
+_COMPILED: dict[tuple, Any] = {}
+
+
+def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None) -> Any:
+    """``x [M, K] @ dequant(weight)^T`` -> ``[M, N]`` on the GPU, float16 or bfloat16
+    (``schedule``: that one, a wgmma one when ``schedule.wgmma``; see the module
+    docstring for the kernel chosen without one)."""
+    x = check_activation(x, weight)
+    m, n = x.shape[0], weight.n
+    if schedule is not None and schedule.wgmma:
+        return _run(x, weight, schedule, _wgmma_plan)
+    if schedule is None and is_sm90(x.device) and runs_wgmma(m, weight):
+        return _run(x, weight, None, _wgmma_plan)
+    if (schedule is None and THRESHOLDS.prefill_kernel == "quant_gemm_prefill"
+            and prefill_split(m, n, weight.k, weight.bk)):
+        return _run(x, weight, None, _prefill_plan)
+    return _run(x, weight, schedule, _plan)
+
+
+def wgmma_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
+                       ) -> Any:
+    """:func:`quant_linear` through :func:`~lowvm.kernels.quant_gemm_wgmma.quant_gemm_wgmma`
+    (Hopper, sm_90a: weights dequantised into wgmma's register operand, x read by the
+    tensor cores from shared memory), same weights."""
+    return _run(check_activation(x, weight), weight, schedule, _wgmma_plan)
+
+
+def prefill_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
+                         ) -> Any:
+    """:func:`quant_linear` through :func:`~lowvm.kernels.quant_gemm_prefill.quant_gemm_prefill`
+    (each weight tile dequantised once per block; meant for M > 128), same weights."""
+    return _run(check_activation(x, weight), weight, schedule, _prefill_plan)
+
+
+def is_sm90(device: Any) -> bool:
+    """Whether ``device`` runs sm_90a code (H100/H200), asked of torch once per device."""
+    if device not in _SM90:
+        _SM90[device] = _device_arch(device) == "sm_90"
+    return _SM90[device]
+
+
+_SM90: dict[Any, bool] = {}
+
+
+def _device_arch(device: Any) -> str:
+    """``sm_XY`` of a CUDA device (what ``lowvm.compile`` builds for)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def _tuned(m: int, weight: QuantWeight) -> GemmSchedule | None:
+    """The registered source's pick (the tuning cache), or None."""
+    source = schedule_source()
+    return None if source is None else source(m, weight)
+
+
+def plan(kind: str, m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+         schedule: GemmSchedule | None) -> Plan:
+    """The cached :data:`Plan` of kernel ``kind`` for one call shape (made on first use)."""
+    key = (kind, m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16,
+           zero_point, schedule)
+    made = _PLANS.get(key)
+    if made is None:
+        made = _PLANS[key] = _MAKERS[kind](m, weight, bf16, zero_point, schedule)
+    return made
+
+
+def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+          schedule: GemmSchedule | None) -> Plan:
+    """The ``quant_gemm`` plan (see :func:`plan`)."""
+    return plan(QUANT_GEMM, m, weight, bf16, zero_point, schedule)
+
+
+def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+                  schedule: GemmSchedule | None) -> Plan:
+    """The ``quant_gemm_prefill`` plan (see :func:`plan`)."""
+    return plan(PREFILL, m, weight, bf16, zero_point, schedule)
+
+
+def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+                schedule: GemmSchedule | None) -> Plan:
+    """The ``quant_gemm_wgmma`` plan (see :func:`plan`)."""
+    return plan(WGMMA, m, weight, bf16, zero_point, schedule)
+
+
+def _make_quant_gemm(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+                     schedule: GemmSchedule | None) -> Plan:
+    n, k = weight.n, weight.k
+    tuned = None if schedule else _tuned(m, weight)
+    s = schedule or (tuned if tuned and not tuned.wgmma else None) or choose_schedule(
+        m, n, k, weight.bk)
+    refusal = plan_refusal(s, k, weight.bk)
+    if refusal:
+        raise LowvmError(f"schedule {s}: {refusal}")
+    gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
+                     group=weight.group, zero_point=zero_point, **s.constants())
+    return gemm, _finisher(s, bf16), s.rows if s.split > 1 else 0
+
+
+def _make_prefill(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+                  schedule: GemmSchedule | None) -> Plan:
+    from lowvm.kernels.quant_gemm_prefill import (
+        quant_gemm_prefill,
+        quant_gemm_prefill_bf16,
+        threads_fit,
+    )
+
+    n, k = weight.n, weight.k
+    s = schedule or choose_prefill_schedule(m, n, k, weight.bk, weight.wtype,
+                                            _device_arch(weight.packed.device))
+    extra = {f: getattr(s, f) for f in ("x_steps", "l2_ahead", "k_slice", "x_whole",
+                                        "x_rows", "swap_ab", "wgmma") if getattr(s, f)}
+    if extra:
+        raise LowvmError(f"prefill schedule {s}: {extra} are options of quant_gemm's "
+                         "decode body or the wgmma kernel; quant_gemm_prefill takes none "
+                         "of them")
+    if s.bk != weight.bk or s.bn % WEIGHT_BN or n % s.bn:
+        raise LowvmError(f"prefill schedule {s} does not fit the weight (bk={weight.bk}, "
+                         f"N = {n}; bn must be a multiple of {WEIGHT_BN} dividing N)")
+    if (k // s.bk) % (s.split * s.prefetch):
+        raise LowvmError(f"prefill schedule {s}: K / bk = {k // s.bk} steps must be a "
+                         f"multiple of split x prefetch = {s.split * s.prefetch}")
+    if not threads_fit(weight.wtype, s):
+        raise LowvmError(f"prefill schedule {s}: its {s.warps_m * s.warps_n * 32} threads "
+                         f"cannot split the {weight.wtype.name} weight tile evenly; use "
+                         f"one thread per 64 x 4 weight columns ({s.bn // WEIGHT_BN * 128})")
+    gemm = _compiled(quant_gemm_prefill_bf16 if bf16 else quant_gemm_prefill,
+                     wtype=weight.wtype, group=weight.group, zero_point=zero_point,
+                     **s.constants())
+    return gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0
+
+
+def _make_wgmma(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+                schedule: GemmSchedule | None) -> Plan:
+    from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma, quant_gemm_wgmma_bf16
+
+    n, k = weight.n, weight.k
+    s = (schedule or _tuned_wgmma(m, weight)
+         or choose_wgmma_schedule(m, n, k, weight.bk, weight.wtype))
+    if s is None:
+        raise LowvmError(f"the wgmma GEMM needs K tiles of 64 or 128 (group >= 64); this "
+                         f"weight has bk={weight.bk}")
+    reason = wgmma_refusal(s, n, k, weight.bk, weight.wtype)
+    if reason:
+        raise LowvmError(f"wgmma schedule {s}: {reason}")
+    gemm = _compiled(quant_gemm_wgmma_bf16 if bf16 else quant_gemm_wgmma,
+                     wtype=weight.wtype, group=weight.group, zero_point=zero_point,
+                     **s.wgmma_constants())
+    return gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0
+
+
+def _tuned_wgmma(m: int, weight: QuantWeight) -> GemmSchedule | None:
+    """The registered source's pick where it is a wgmma schedule (else None)."""
+    s = _tuned(m, weight)
+    return s if s is not None and s.wgmma else None
+
+
+_MAKERS: dict[str, Callable[..., Plan]] = {
+    QUANT_GEMM: _make_quant_gemm, PREFILL: _make_prefill, WGMMA: _make_wgmma}
+
+
+def _compiled(program: Any, **constants: Any) -> Any:
+    """``lowvm.compile(program, **constants)``, once per process and specialisation."""
+    key = (program.name, tuple(sorted((k, str(v)) for k, v in constants.items())))
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_program(program, **constants)
+    return _COMPILED[key]
+
+
+def _finisher(s: GemmSchedule, bf16: bool) -> Any:
+    """The compiled unfused split-K epilogue of schedule ``s``, or None."""
+    if s.split == 1 or s.fused_split:
+        return None
+    return _compiled(finish_split_bf16 if bf16 else finish_split)
+
+
+def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any) -> Any:
+    """Launch the plan ``planner`` makes for this call (the GEMM, whose split-K sums are
+    finished in-kernel, or for ``fused_split=False`` schedules the GEMM and
+    :func:`finish_split`; both leave the per-stream workspace zeroed)."""
+    import torch
+
+    m, n, k = x.shape[0], weight.n, weight.k
+    # a first bfloat16 call casts the scales (and zeros) right before the GEMM, which
+    # reads them before its wait: that launch must not overlap the cast
+    overlap = overlap_enabled() and weight.holds(x.dtype)
+    scales, zeros = weight.for_dtype(x.dtype)
+    gemm, finish, tile_rows = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
+                                      schedule)
+    zeros = scales if zeros is None else zeros  # not read without zero_point
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if tile_rows:  # split-K: one counter per output tile (tiles are at least 16 wide)
+        ws, counters = split_buffers(x.device, m * n, -(-m // tile_rows) * (n // 16))
+    else:
+        ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
+    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters,
+         overlap=overlap and gemm.cuda.waits_prior_grid)
+    if finish is not None:
+        finish(m * n, ws, y)
+    return y
+
+
+_DUMMIES: dict[Any, Any] = {}
+
+
+def _dummy(device: Any, dtype: Any = None) -> Any:
+    """A tiny buffer for pointer arguments a specialisation never reads."""
+    import torch
+
+    dtype = dtype or torch.float32
+    if (device, dtype) not in _DUMMIES:
+        _DUMMIES[device, dtype] = torch.zeros(4, dtype=dtype, device=device)
+    return _DUMMIES[device, dtype]

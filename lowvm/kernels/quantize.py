@@ -1,0 +1,97 @@
+"""Round-to-nearest quantization of a dense weight into codes, scales and zero points.
+
+The one rule, in two precisions: :func:`round_to_nearest` (torch, float32, on the weight's
+device: what :mod:`lowvm.nn` stores) and :func:`quantize_to_codes` (numpy, float64,
+symmetric: the host reference the kernel tests and benchmarks feed ``prepare_weight``).
+
+Symmetric types (intN, eXmY): per group, ``scale = absmax / max_value`` and each value is
+rounded to the type (ints: half to even and clamp; small floats: lowvm.dtypes' own round
+to nearest even with saturation). Unsigned types with a zero point: per group the range
+``[min(w, 0), max(w, 0)]`` maps onto ``[0, 2**N - 1]`` with an integer zero point, so 0.0
+stays exact. Scales are rounded to float16 *before* the weights are divided by them, so
+that dequantization with the stored scale is the rounding the codes were chosen for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lowvm.dtypes import DType, encode
+from lowvm.dtypes import dtype as as_dtype
+
+__all__ = ["round_to_nearest", "quantize_to_codes"]
+
+_FP16_MAX = 65504.0
+_FP16_TINY = 2.0**-24  # smallest positive float16 (subnormal)
+_ROWS_PER_CHUNK = 256  # bounds the float64 copy numpy's exact float encoder makes
+
+
+def _to_fp16_scale(scale: Any, round_up: bool = False) -> Any:
+    """fp32 scales as float16: never 0 (an all-zero group gets 1), never inf.
+
+    ``round_up``: never below the fp32 scale, so a min/max range still fits the codes.
+    """
+    import torch
+
+    scale = torch.where(scale > 0, scale.clamp(min=_FP16_TINY, max=_FP16_MAX),
+                        torch.ones_like(scale))
+    half = scale.to(torch.float16)
+    if round_up:
+        up = torch.nextafter(half, torch.full_like(half, _FP16_MAX))
+        half = torch.where(half.float() < scale, up, half)
+    return half
+
+
+def _encode_float(scaled: Any, wtype: DType) -> Any:
+    """Codes of a small float type, chunked over rows (exact RNE from lowvm.dtypes)."""
+    import torch
+
+    parts = [torch.from_numpy(encode(chunk.numpy(), wtype))
+             for chunk in scaled.split(_ROWS_PER_CHUNK)]
+    return torch.cat(parts).to(scaled.device)
+
+
+def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = False
+                     ) -> tuple[Any, Any, Any]:
+    """``weight [N, K]`` (torch) -> ``(codes [N, K] uint8, scales [G, N] fp16,
+    zeros [G, N] | None)``, computed in float32 on the weight's device."""
+    import torch
+
+    wt = wtype
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group, group)
+    if zero_point:
+        qmax = float(2**wt.nbits - 1)
+        lo = w.amin(dim=-1).clamp(max=0)
+        hi = w.amax(dim=-1).clamp(min=0)
+        scale = _to_fp16_scale((hi - lo) / qmax, round_up=True)
+        s = scale.float().unsqueeze(-1)
+        zero = torch.round(-lo / scale.float()).clamp(0, qmax)
+        q = (torch.round(w / s) + zero.unsqueeze(-1)).clamp(0, qmax)
+        codes = q.to(torch.uint8)
+        zeros = zero.t().contiguous().to(torch.float16)
+    else:
+        scale = _to_fp16_scale(w.abs().amax(dim=-1) / wt.max_value)
+        scaled = w / scale.float().unsqueeze(-1)
+        if wt.is_float:
+            codes = _encode_float(scaled.reshape(n, k).cpu(), wt).to(weight.device)
+        else:
+            q = torch.round(scaled).clamp(wt.min_value, wt.max_value).to(torch.int16)
+            codes = (q & (2**wt.nbits - 1)).to(torch.uint8)  # two's complement code
+        zeros = None
+    return codes.reshape(n, k), scale.t().contiguous(), zeros
+
+
+def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Round-to-nearest symmetric group quantisation in float64 (numpy): ``(codes [N, K],
+    scales [K/g, N])``; an all-zero group's scale is 1."""
+    wt = as_dtype(wtype)
+    n, k = weight.shape
+    groups = weight.reshape(n, k // group, group).astype(np.float64)
+    scales = (np.abs(groups).max(axis=2) / wt.max_value).astype(np.float16)
+    scales[scales == 0] = 1
+    q = np.clip(groups / scales.astype(np.float64)[..., None], wt.min_value, wt.max_value)
+    return encode(q.reshape(n, k), wt), np.ascontiguousarray(scales.T)
