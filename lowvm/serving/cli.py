@@ -3,7 +3,7 @@
 Run as ``python -m lowvm.serving [flags]``.
 
 The model is ``--model`` (a local path or Hugging Face id) or, without it, a Llama of random
-weights built from ``--config`` (``tiny``, the CI default, or ``llama3-8b``: hidden 4096,
+weights built from ``--config`` (``tiny``, the default, or ``llama3-8b``: hidden 4096,
 MLP 14336, 32 layers, 32 heads, 8 KV heads, vocabulary 128256; nothing is downloaded).
 A random model is initialised **directly on the device in float16** (``torch.device``
 context + ``dtype=float16``): building 8B parameters on the CPU in float32 and casting
@@ -46,8 +46,8 @@ Reported, per model:
   Each (model, batch, mode) runs once untimed (``first_call_s``: compilation and graph
   capture included; ``loop_build_s``: the loop's warm-up, compilation and capture alone),
   then ``--repeats`` times a 1-token and an N-token generation; medians give
-  ``prefill_s``, ``decode_tokens_per_s = batch * (N - 1) / (t_N - t_1)`` (the decode rate
-  the issue targets) and ``e2e_tokens_per_s = batch * N / t_N``. In ``graphs`` mode
+  ``prefill_s``, ``decode_tokens_per_s = batch * (N - 1) / (t_N - t_1)`` and
+  ``e2e_tokens_per_s = batch * N / t_N``. In ``graphs`` mode
   ``forward_ms`` is one compiled decode forward replayed alone (no generate loop), in
   ``loop`` mode one step (forward + argmax) replayed alone; the graph-break and
   CUDA-graph-skip counters of torch are recorded. Each row records how many leading
@@ -94,6 +94,8 @@ SAMPLE_TOKENS = 16  # greedy tokens of the fixed prompt kept per model (eager, c
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The flags of ``python -m lowvm.serving`` (``argv``, default: the command line),
+    checked: a bad value exits with argparse's usage message."""
     p = argparse.ArgumentParser(prog="python -m lowvm.serving",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="local path or HF id (default: random --config Llama)")
@@ -204,6 +206,7 @@ def build_model(args: argparse.Namespace, device: str) -> tuple[Any, Any]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the comparison ``argv`` (default: the command line) asks for; its results."""
     args = parse_args(argv)
     if args.print_table:
         print(format_table(load_results(args.print_table)))
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     modes = getattr(args, "mode_list", None) or (list(MODES) if device == "cuda"
                                                  else ["eager", "loop"])
     warnings.filterwarnings("ignore", category=LowvmFallbackWarning)
-    run = Run(args, device)
+    run = Run(args, device, None if argv is None else list(argv))
     run.result["modes"] = modes
 
     seconds, (dense, tokenizer) = timed(lambda: build_model(args, device), device)

@@ -27,7 +27,8 @@ __all__ = ["Run", "speed_rows", "measure_row", "add_quantized", "model_name", "e
 class Run:
     """The results of one invocation, written to ``--json`` after every step."""
 
-    def __init__(self, args: argparse.Namespace, device: str) -> None:
+    def __init__(self, args: argparse.Namespace, device: str,
+                 command: list[str] | None = None) -> None:
         self.args, self.device = args, device
         self.settings = Settings(repeats=args.repeats, forward_steps=args.forward_steps,
                                  compile_backend=args.compile_backend,
@@ -53,7 +54,8 @@ class Run:
                                  "backend": args.compile_backend, "fullgraph": True,
                                  "dynamic": False, "cuda_graph": device == "cuda"
                                  and not args.no_loop_capture}},
-            "command": sys.argv[1:], "models": {}, "speed": [], "errors": [],
+            "command": sys.argv[1:] if command is None else command,
+            "models": {}, "speed": [], "errors": [],
         }
 
     def elapsed(self) -> float:
@@ -78,6 +80,7 @@ class Run:
 
 
 def eager_tokens(args: argparse.Namespace) -> int:
+    """Tokens per sequence in eager mode."""
     return args.eager_new_tokens or args.new_tokens
 
 
