@@ -77,8 +77,7 @@ def test_compiled_step_traces_in_one_graph(models):
     torch._dynamo.reset()
     counters.clear()
     try:
-        compiled = DecodeLoop(model, ids, 5, compile_mode="default",
-                                         backend="eager")
+        compiled = DecodeLoop(model, ids, 5, compile_mode="default", backend="eager")
         assert compiled.step_fn is not compiled._forward_pick
         tokens = compiled(5)
         assert torch.equal(compiled(5), tokens)
