@@ -288,7 +288,7 @@ def test_decode_steps_reach_the_op_and_give_sdpa_tokens(monkeypatch, cache):
 
 
 def _tiny_fused(attn_impl="sdpa"):
-    """A tiny Llama (head_dim 64) quantized to int4 and fused, as the serving example runs."""
+    """A tiny Llama (head_dim 64) quantized to int4 and fused, as lowvm.serving runs it."""
     model = _tiny(attn_impl).half()
     lowvm.quantize_model(model, dtype="int4", group_size=64, progress=False)
     lowvm.fuse_projections(model)
@@ -420,18 +420,17 @@ def test_gpu_fused_int4_model_rope_steps_under_cuda_graphs(batch):
 
 @pytest.mark.gpu
 def test_gpu_serving_loop_rope_steps_give_sdpa_tokens():
-    """The serving example's DecodeLoop (one CUDA graph per step) on an int4 fused model:
-    the rope kernel path gives the SDPA path's greedy tokens, batch 3 with a static cache."""
-    import runpy
+    """lowvm.serving's DecodeLoop (one CUDA graph per step) on an int4 fused model: the
+    rope kernel path gives the SDPA path's greedy tokens, batch 3 with a static cache."""
+    from lowvm.serving.decode_loop import DecodeLoop
 
-    example = runpy.run_path("serving_examples/quantize_and_generate.py")
     ids = torch.randint(0, 128, (3, 7), device="cuda")
     tokens, models = [], []
     for lowvm_attention in (False, True):
         model = _tiny_fused().cuda()
         if lowvm_attention:
             lowvm.use_decode_attention(model)
-        loop = example["DecodeLoop"](model, ids, 10, compile_mode="default")
+        loop = DecodeLoop(model, ids, 10, compile_mode="default")
         try:
             loop.capture()
             tokens.append(loop(10))

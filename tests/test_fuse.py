@@ -16,8 +16,6 @@ import copy
 import gc
 import json
 import pickle
-import runpy
-import sys
 import weakref
 
 import pytest
@@ -40,12 +38,15 @@ from lowvm.nn import fuse
 from lowvm.nn.errors import WeightFormatError
 from lowvm.nn.fuse import FusedGateUpMLP, FuseError, concat_out_features, fuse_projections
 from lowvm.nn.quant_linear import QuantLinear
+from lowvm.serving import cli as serving_cli
+from lowvm.serving.decode_loop import DecodeLoop
+from lowvm.serving.generation import prompts
+from lowvm.serving.models import init_random, quantized_copy, random_config
 from tests.test_nn_model import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
 SIZES = (128, 64, 192)
-EXAMPLE = "serving_examples/quantize_and_generate.py"
 
 
 def _layers(wtype: str = "int4", group: int = 64, bias: bool = False, k: int = 128,
@@ -484,23 +485,15 @@ def test_mixed_formats_are_skipped():
 
 
 # --------------------------------------------------------------------------------------
-# the serving example
-
-
-@pytest.fixture(scope="module")
-def example() -> dict:
-    """The serving example's functions (nothing executes)."""
-    return runpy.run_path(EXAMPLE)
+# the serving measurement (python -m lowvm.serving)
 
 
 @pytest.mark.parametrize("flag", [[], ["--no-fuse"]])
-def test_serving_example_fuse_option(tmp_path, monkeypatch, flag):
+def test_serving_fuse_option(tmp_path, flag):
     out = tmp_path / "result.json"
-    monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", "--dtype", "int4",
-                                      "--group-size", "64", "--new-tokens", "6",
-                                      "--batch-sizes", "1", "--prompt-len", "6", "--repeats",
-                                      "3", "--modes", "eager,loop", "--json", str(out), *flag])
-    runpy.run_path(EXAMPLE, run_name="__main__")
+    serving_cli.main(["--dtype", "int4", "--group-size", "64", "--new-tokens", "6",
+                      "--batch-sizes", "1", "--prompt-len", "6", "--repeats", "3",
+                      "--modes", "eager,loop", "--json", str(out), *flag])
     result = json.loads(out.read_text())
     fused = not flag
     assert result["errors"] == [] and result["fuse"] is fused
@@ -517,27 +510,27 @@ def test_serving_example_fuse_option(tmp_path, monkeypatch, flag):
     assert loop["leading_tokens_equal"]["eager"] == 6  # the loop's tokens are generate's
 
 
-def test_serving_loop_compiled_step_of_the_fused_model(example):
+def test_serving_loop_compiled_step_of_the_fused_model():
     """The decode loop's step (static cache, fullgraph) compiles in one graph with the fused
     attention and gives the unfused model's tokens."""
     from torch._dynamo.utils import counters
 
     torch.manual_seed(0)
-    dense = example["init_random"](example["random_config"](example["parse_args"]([])), "cpu")
-    unfused, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
+    dense = init_random(random_config("tiny"), "cpu")
+    unfused, _ = quantized_copy(dense, "int4", 64, ("lm_head",))
     fused = copy.deepcopy(unfused)
     _fuse_all(fused)
-    ids = example["prompts"](2, 6, dense.config.vocab_size, "cpu", 6)
+    ids = prompts(2, 6, dense.config.vocab_size, "cpu", 6)
     torch._dynamo.reset()
     counters.clear()
     try:
-        loop = example["DecodeLoop"](fused, ids, 5, compile_mode="default", backend="eager")
+        loop = DecodeLoop(fused, ids, 5, compile_mode="default", backend="eager")
         tokens = loop(5)
         assert counters["stats"]["unique_graphs"] == 1
         assert sum(counters["graph_break"].values()) == 0
     finally:
         torch._dynamo.reset()
-    assert torch.equal(tokens, example["DecodeLoop"](unfused, ids, 5)(5))
+    assert torch.equal(tokens, DecodeLoop(unfused, ids, 5)(5))
 
 
 @pytest.mark.gpu

@@ -1,41 +1,38 @@
-"""The serving examples run on the CPU with tiny settings (what CI runs); the Llama-3-8B
-configuration of the serving measurement is checked on the meta device (nothing
-allocated); the CUDA-graph path runs tiny on the GPU (``gpu``)."""
+"""The serving measurement (``python -m lowvm.serving``) and the serving examples run on
+the CPU with tiny settings (what CI runs); the Llama-3-8B configuration is checked on the
+meta device (nothing allocated); the CUDA-graph path runs tiny on the GPU (``gpu``)."""
 
 from __future__ import annotations
 
 import json
 import re
-import runpy
 import sys
 
 import pytest
 import torch
 
+from lowvm.serving import cli
+from lowvm.serving.compare import model_name
+from lowvm.serving.models import init_random, quantized_copy, random_config, weight_bytes
+from lowvm.serving.quality import layer_errors
+from serving_examples import custom_program
+
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
-EXAMPLE = "serving_examples/quantize_and_generate.py"
 
-
-def run_example(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", *args])
+def run_serving(*args: str) -> None:
+    """``python -m lowvm.serving`` with ``args``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: threads only contend (5x slower on a busy CI)
     try:
-        runpy.run_path(EXAMPLE, run_name="__main__")
+        cli.main(list(args))
     finally:
         torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def example() -> dict:
-    """The example's functions (run without ``__main__``: nothing executes)."""
-    return runpy.run_path(EXAMPLE)
-
-
-def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
+def test_quantize_and_generate_tiny(tmp_path, capsys):
     out = tmp_path / "result.json"
-    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "3",
+    run_serving("--dtype", "int4", "--group-size", "64", "--new-tokens", "3",
                 "--batch-sizes", "1,2", "--prompt-len", "6", "--repeats", "1",
                 "--json", str(out))
     result = json.loads(out.read_text())
@@ -67,11 +64,11 @@ def test_quantize_and_generate_tiny(tmp_path, monkeypatch, capsys):
     assert f"{want:7.2f}" in int4_b2  # speed-up over float16 at the same batch and mode
 
 
-def test_graphs_mode_plumbing_on_cpu(tmp_path, monkeypatch):
+def test_graphs_mode_plumbing_on_cpu(tmp_path):
     """Static cache + the forward transformers compiles (eager backend: no CUDA here) gives
     the eager path's greedy tokens, without graph breaks through the lowvm custom op."""
     out = tmp_path / "result.json"
-    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "4",
+    run_serving("--dtype", "int4", "--group-size", "64", "--new-tokens", "4",
                 "--batch-sizes", "2", "--prompt-len", "5", "--repeats", "1",
                 "--modes", "eager,graphs", "--compile-backend", "eager", "--forward-steps",
                 "2", "--no-fp16-speed", "--json", str(out))
@@ -86,9 +83,9 @@ def test_graphs_mode_plumbing_on_cpu(tmp_path, monkeypatch):
     assert "float16" not in {r["model"] for r in result["speed"]}
 
 
-def test_time_budget_skips_and_records(tmp_path, monkeypatch, capsys):
+def test_time_budget_skips_and_records(tmp_path, capsys):
     out = tmp_path / "result.json"
-    run_example(monkeypatch, "--dtype", "int4,int2", "--batch-sizes", "1", "--new-tokens",
+    run_serving("--dtype", "int4,int2", "--batch-sizes", "1", "--new-tokens",
                 "2", "--time-budget", "0", "--json", str(out))
     result = json.loads(out.read_text())
     assert [(r["model"], r["mode"], r.get("skipped", "")[:11]) for r in result["speed"]] == [
@@ -96,24 +93,23 @@ def test_time_budget_skips_and_records(tmp_path, monkeypatch, capsys):
         for model in ("float16", "int4", "int2")]
     assert result["models"]["int2"]["layers_replaced"] == 14  # memory and quality still
     capsys.readouterr()
-    run_example(monkeypatch, "--print-table", str(out), str(out))
+    run_serving("--print-table", str(out), str(out))
     assert "not measured: time budget" in capsys.readouterr().out
 
 
-def test_layer_errors_follow_the_width_and_leave_the_models_alone(example):
+def test_layer_errors_follow_the_width_and_leave_the_models_alone():
     """Per-layer errors against float16 on the float16 model's own activations: wider types
     err less; int4 with group 64 on Gaussian weights lands near its rounding noise (step
     ~absmax/7 with absmax ~2.4 sigma over 64 draws: ~0.1 of the output); the hooks are
     removed, and the float16 model's logits are what they were."""
-    args = example["parse_args"]([])
     torch.manual_seed(0)
-    dense = example["init_random"](example["random_config"](args), "cpu")
+    dense = init_random(random_config("tiny"), "cpu")
     ids = torch.randint(0, 512, (2, 8))
     before = dense(ids, use_cache=False).logits
     medians = {}
     for dtype in ("int8", "int4", "int2"):
-        quant, _ = example["quantized_copy"](dense, dtype, 64, ("lm_head",))
-        errors = example["layer_errors"](dense, quant, ids)
+        quant, _ = quantized_copy(dense, dtype, 64, ("lm_head",))
+        errors = layer_errors(dense, quant, ids)
         assert errors["layers_compared"] == 14
         medians[dtype] = errors["layer_rel_error_median"]
     assert 0 < medians["int8"] < medians["int4"] < medians["int2"], medians
@@ -122,12 +118,12 @@ def test_layer_errors_follow_the_width_and_leave_the_models_alone(example):
     assert torch.equal(dense(ids, use_cache=False).logits, before)
 
 
-def test_llama3_8b_is_built_on_meta_without_memory(example):
-    config = example["random_config"](example["parse_args"](["--config", "llama3-8b"]))
+def test_llama3_8b_is_built_on_meta_without_memory():
+    config = cli.random_config_of(cli.parse_args(["--config", "llama3-8b"]))
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers,
             config.num_attention_heads, config.num_key_value_heads, config.vocab_size) == (
         4096, 14336, 32, 32, 8, 128256)
-    model = example["init_random"](config, "meta")
+    model = init_random(config, "meta")
     tensors = [*model.parameters(), *model.buffers()]
     assert all(t.is_meta for t in tensors)
     assert {p.dtype for p in model.parameters()} == {torch.float16}
@@ -136,18 +132,17 @@ def test_llama3_8b_is_built_on_meta_without_memory(example):
     expected = 2 * v * h + 32 * per_layer + h  # embedding, lm_head (untied), final norm
     assert sum(p.numel() for p in model.parameters()) == expected
     assert 7.9e9 < expected < 8.1e9
-    assert example["weight_bytes"](model)["stored"] == 2 * expected  # float16
+    assert weight_bytes(model)["stored"] == 2 * expected  # float16
 
 
-def test_random_init_on_device_and_shared_quantized_copy(example):
-    args = example["parse_args"]([])
+def test_random_init_on_device_and_shared_quantized_copy():
     torch.manual_seed(0)
-    dense = example["init_random"](example["random_config"](args), "cpu")
+    dense = init_random(random_config("tiny"), "cpu")
     up = dense.model.layers[0].mlp.up_proj.weight
     assert up.dtype == torch.float16 and abs(up.float().std().item() - 0.02) < 2e-3
     assert torch.equal(dense.model.norm.weight, torch.ones_like(dense.model.norm.weight))
     before = up.clone()
-    quant, report = example["quantized_copy"](dense, "int3", 64, ("lm_head",))
+    quant, report = quantized_copy(dense, "int3", 64, ("lm_head",))
     assert report.layers_replaced == 14
     assert type(quant.model.layers[0].mlp.up_proj).__name__ == "QuantLinear"
     assert type(dense.model.layers[0].mlp.up_proj).__name__ == "Linear"
@@ -156,31 +151,31 @@ def test_random_init_on_device_and_shared_quantized_copy(example):
     assert quant.lm_head.weight is dense.lm_head.weight
 
 
-def test_lm_head_type_option(example):
+def test_lm_head_type_option():
     """``--lm-head int8`` quantizes lm_head to int8 beside the rows' type (even though
     --skip names it by default), names the rows after both, and refuses unknown types."""
-    args = example["parse_args"](["--lm-head", "int8"])
-    assert "lm_head" not in args.skip_globs and example["model_name"](args, "int4") == \
+    args = cli.parse_args(["--lm-head", "int8"])
+    assert "lm_head" not in args.skip_globs and model_name(args, "int4") == \
         "int4/lm int8"
     torch.manual_seed(0)
-    dense = example["init_random"](example["random_config"](args), "cpu")
-    quant, report = example["quantized_copy"](dense, "int3", 64, args.skip_globs,
+    dense = init_random(cli.random_config_of(args), "cpu")
+    quant, report = quantized_copy(dense, "int3", 64, args.skip_globs,
                                               args.lm_head)
     assert report.layers_replaced == 15
     assert quant.lm_head.spec.wtype.name == "int8"
     assert quant.model.layers[0].mlp.up_proj.spec.wtype.name == "int3"
     with pytest.raises(SystemExit):
-        example["parse_args"](["--lm-head", "int9"])
+        cli.parse_args(["--lm-head", "int9"])
     with pytest.raises(ValueError, match="lm_head was left dense"):  # a --skip glob matched
-        example["quantized_copy"](dense, "int3", 64, ("lm_*",), "int8")
+        quantized_copy(dense, "int3", 64, ("lm_*",), "int8")
 
 
 @pytest.mark.gpu
-def test_graphs_mode_on_cuda(tmp_path, monkeypatch):
+def test_graphs_mode_on_cuda(tmp_path):
     """The CUDA-graph path of the serving measurement, tiny: compiled without graph breaks
     or CUDA-graph skips, the same first greedy tokens as eager, a replayed forward."""
     out = tmp_path / "result.json"
-    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "8",
+    run_serving("--dtype", "int4", "--group-size", "64", "--new-tokens", "8",
                 "--batch-sizes", "1", "--repeats", "1", "--modes", "eager,graphs",
                 "--forward-steps", "4", "--no-fp16-speed", "--json", str(out))
     result = json.loads(out.read_text())
@@ -196,7 +191,7 @@ def test_graphs_mode_on_cuda(tmp_path, monkeypatch):
 
 def test_custom_program_example(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["custom_program.py", "--seq", "4"])
-    runpy.run_path("serving_examples/custom_program.py", run_name="__main__")
+    custom_program.main()
     text = capsys.readouterr().out
     error = float(re.search(r"max \|error\| vs torch = (\S+)", text).group(1))
     assert error < 1e-3  # fp16 outputs: at most a rounding step apart
@@ -206,6 +201,27 @@ def test_custom_program_example(monkeypatch, capsys):
 def test_custom_program_compiles_for_sm80():
     import lowvm
 
-    module = runpy.run_path("serving_examples/custom_program.py")
-    kernel_source = lowvm.compile(module["silu_mul"], arch="sm_80").source
+    kernel_source = lowvm.compile(custom_program.silu_mul, arch="sm_80").source
     assert "__global__" in kernel_source
+
+
+def test_quantize_and_generate_example(capsys):
+    """The user example (CI runs it with no arguments): quantize, generate, time, table."""
+    from serving_examples import quantize_and_generate
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threads only contend
+    try:
+        result = quantize_and_generate.main(["--batch-sizes", "1", "--new-tokens", "3",
+                                             "--prompt-len", "6", "--group-size", "64"])
+    finally:
+        torch.set_num_threads(threads)
+    assert [(r["model"], r["mode"]) for r in result["speed"]] == [
+        ("float16", "eager"), ("int4", "eager"), ("float16", "loop"), ("int4", "loop")]
+    assert all(r["decode_tokens_per_s"] > 0 for r in result["speed"])
+    int4 = result["models"]["int4"]
+    assert int4["fused"] is True and int4["quality"]["layers_compared"] == 14
+    assert int4["weight_bytes"]["stored"] < result["models"]["float16"]["weight_bytes"][
+        "stored"]
+    table = capsys.readouterr().out.rsplit("device:", 1)[1]
+    assert any(line.startswith(f"{'int4':12s}     1 loop") for line in table.splitlines())

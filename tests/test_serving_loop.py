@@ -1,89 +1,83 @@
-"""The serving example's ``loop`` mode: our own greedy decode loop over a static cache, one
+"""``lowvm.serving``'s ``loop`` mode: our own greedy decode loop over a static cache, one
 CUDA graph per decode step on a GPU, plain calls on the CPU (what CI runs here)."""
 
 from __future__ import annotations
 
 import copy
 import json
-import runpy
-import sys
 
 import pytest
 import torch
 from transformers import StaticCache
 
+from lowvm.serving import cli
+from lowvm.serving.decode_loop import DecodeLoop, chunked_argmax
+from lowvm.serving.generation import generate, leading_equal, prompts
+from lowvm.serving.measure import LOOP_ATTR, loop_compile_mode, loop_compile_modes, release
+from lowvm.serving.models import init_random, quantized_copy, random_config
+
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
-EXAMPLE = "serving_examples/quantize_and_generate.py"
-
-
 @pytest.fixture(scope="module")
-def example() -> dict:
-    """The example's functions (run without ``__main__``: nothing executes)."""
-    return runpy.run_path(EXAMPLE)
-
-
-@pytest.fixture(scope="module")
-def models(example) -> dict:
+def models() -> dict:
     """The tiny random Llama in float16 and its int4 copy (group 64), on the CPU."""
     torch.manual_seed(0)
-    dense = example["init_random"](example["random_config"](example["parse_args"]([])), "cpu")
-    quant, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
+    dense = init_random(random_config("tiny"), "cpu")
+    quant, _ = quantized_copy(dense, "int4", 64, ("lm_head",))
     return {"float16": dense, "int4": quant}
 
 
-def static_generate(example, model, ids: torch.Tensor, tokens: int) -> torch.Tensor:
+def static_generate(model, ids: torch.Tensor, tokens: int) -> torch.Tensor:
     """``generate``'s greedy tokens with a StaticCache (not compiled on the CPU)."""
     cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + tokens)
-    return example["generate"](model, ids, tokens, cache)[:, ids.shape[1]:]
+    return generate(model, ids, tokens, cache)[:, ids.shape[1]:]
 
 
 @pytest.mark.parametrize("name", ["float16", "int4"])
-def test_loop_tokens_equal_generate_with_static_cache(example, models, name):
+def test_loop_tokens_equal_generate_with_static_cache(models, name):
     model = models[name]
-    ids = example["prompts"](2, 6, model.config.vocab_size, "cpu", 3)
-    loop = example["DecodeLoop"](model, ids, 8)
+    ids = prompts(2, 6, model.config.vocab_size, "cpu", 3)
+    loop = DecodeLoop(model, ids, 8)
     first = loop(8)
     assert first.shape == (2, 8)
-    assert torch.equal(first, static_generate(example, model, ids, 8))
+    assert torch.equal(first, static_generate(model, ids, 8))
     assert torch.equal(loop(8), first)  # each run resets the cache: the same tokens again
     assert torch.equal(loop(3), first[:, :3]) and torch.equal(loop(1), first[:, :1])
     assert loop.graph is None  # no capture on the CPU: plain calls
 
 
-def test_loop_tokens_equal_generate_with_dynamic_cache_in_float32(example, models):
+def test_loop_tokens_equal_generate_with_dynamic_cache_in_float32(models):
     """In float32 the static cache's padded attention rounds like the dynamic cache's, so
     the loop gives exactly ``generate``'s default greedy tokens."""
     model = copy.deepcopy(models["float16"]).float()
-    ids = example["prompts"](2, 5, model.config.vocab_size, "cpu", 4)
-    want = example["generate"](model, ids, 10)[:, ids.shape[1]:]
-    assert torch.equal(example["DecodeLoop"](model, ids, 10)(10), want)
+    ids = prompts(2, 5, model.config.vocab_size, "cpu", 4)
+    want = generate(model, ids, 10)[:, ids.shape[1]:]
+    assert torch.equal(DecodeLoop(model, ids, 10)(10), want)
 
 
-def test_loop_never_picks_end_of_sequence_like_min_new_tokens(example, models):
+def test_loop_never_picks_end_of_sequence_like_min_new_tokens(models):
     model = copy.deepcopy(models["float16"])
-    ids = example["prompts"](1, 6, model.config.vocab_size, "cpu", 5)
+    ids = prompts(1, 6, model.config.vocab_size, "cpu", 5)
     model.generation_config.eos_token_id = None
-    free = example["DecodeLoop"](model, ids, 6)(6)
+    free = DecodeLoop(model, ids, 6)(6)
     model.generation_config.eos_token_id = [int(free[0, 0]), 2]  # the loop's first choice
-    banned = example["DecodeLoop"](model, ids, 6)(6)
+    banned = DecodeLoop(model, ids, 6)(6)
     assert int(banned[0, 0]) != int(free[0, 0])
     assert not torch.isin(banned, torch.tensor([int(free[0, 0]), 2])).any()
-    assert torch.equal(banned, static_generate(example, model, ids, 6))
+    assert torch.equal(banned, static_generate(model, ids, 6))
 
 
-def test_compiled_step_traces_in_one_graph(example, models):
+def test_compiled_step_traces_in_one_graph(models):
     """The step compiles with fullgraph=True (the eager backend here: no inductor on CI),
     through the lowvm custom op, without graph breaks, and gives the same tokens."""
     from torch._dynamo.utils import counters
 
     model = models["int4"]
-    ids = example["prompts"](2, 6, model.config.vocab_size, "cpu", 6)
+    ids = prompts(2, 6, model.config.vocab_size, "cpu", 6)
     torch._dynamo.reset()
     counters.clear()
     try:
-        compiled = example["DecodeLoop"](model, ids, 5, compile_mode="default",
-                                         backend="eager")
+        compiled = DecodeLoop(model, ids, 5, compile_mode="default", backend="eager")
         assert compiled.step_fn is not compiled._forward_pick
         tokens = compiled(5)
         assert torch.equal(compiled(5), tokens)
@@ -91,7 +85,7 @@ def test_compiled_step_traces_in_one_graph(example, models):
         assert sum(counters["graph_break"].values()) == 0
     finally:
         torch._dynamo.reset()
-    assert torch.equal(tokens, example["DecodeLoop"](model, ids, 5)(5))
+    assert torch.equal(tokens, DecodeLoop(model, ids, 5)(5))
 
 
 class FakeCuda:
@@ -140,11 +134,11 @@ class FakeCuda:
             monkeypatch.setattr(torch.cuda, name, value)
 
 
-def test_capture_control_flow_with_a_fake_cuda(example, models, monkeypatch):
+def test_capture_control_flow_with_a_fake_cuda(models, monkeypatch):
     model = models["int4"]
-    ids = example["prompts"](2, 5, model.config.vocab_size, "cpu", 8)
-    plain = example["DecodeLoop"](model, ids, 4)(4)
-    loop = example["DecodeLoop"](model, ids, 4)
+    ids = prompts(2, 5, model.config.vocab_size, "cpu", 8)
+    plain = DecodeLoop(model, ids, 4)(4)
+    loop = DecodeLoop(model, ids, 4)
     fake = FakeCuda(loop)
     fake.install(monkeypatch)
     loop.capture()
@@ -157,56 +151,56 @@ def test_capture_control_flow_with_a_fake_cuda(example, models, monkeypatch):
     assert fake.events[-1] == "reset" and loop.graph is None
 
 
-def test_loop_refuses_more_tokens_than_its_cache_holds(example, models):
-    loop = example["DecodeLoop"](models["float16"], torch.zeros(1, 4, dtype=torch.long), 3)
+def test_loop_refuses_more_tokens_than_its_cache_holds(models):
+    loop = DecodeLoop(models["float16"], torch.zeros(1, 4, dtype=torch.long), 3)
     with pytest.raises(ValueError, match=r"tokens must be in \[1, 3\].*got 4"):
         loop(4)
     with pytest.raises(ValueError, match="got 0"):
         loop(0)
 
 
-def test_step_ms_times_plain_steps_on_cpu_and_close_drops_state(example, models):
+def test_step_ms_times_plain_steps_on_cpu_and_close_drops_state(models):
     model = models["float16"]
-    loop = example["DecodeLoop"](model, torch.ones(1, 4, dtype=torch.long), 4)
+    loop = DecodeLoop(model, torch.ones(1, 4, dtype=torch.long), 4)
     assert loop.step_ms(50, "cpu") > 0  # capped at the cache's room (3 steps)
-    assert example["DecodeLoop"](model, torch.ones(1, 4, dtype=torch.long), 1).step_ms(
+    assert DecodeLoop(model, torch.ones(1, 4, dtype=torch.long), 1).step_ms(
         5, "cpu") is None  # one token: no decode step at all
-    model.__dict__[example["LOOP_ATTR"]] = loop
-    example["release"](model)
-    assert example["LOOP_ATTR"] not in model.__dict__ and loop.cache is None
+    model.__dict__[LOOP_ATTR] = loop
+    release(model)
+    assert LOOP_ATTR not in model.__dict__ and loop.cache is None
 
 
-def test_loop_options(example):
-    parse = example["parse_args"]
+def test_loop_options():
+    parse = cli.parse_args
     args = parse(["--modes", "loop,eager"])
     assert args.mode_list == ["loop", "eager"]
-    assert example["loop_compile_mode"](args, "cuda") == "default"
-    assert example["loop_compile_mode"](args, "cpu") is None
+    assert loop_compile_mode(args.loop_compile, "cuda") == "default"
+    assert loop_compile_mode(args.loop_compile, "cpu") is None
     args = parse(["--loop-compile", "max-autotune-no-cudagraphs"])
-    assert example["loop_compile_mode"](args, "cpu") == "max-autotune-no-cudagraphs"
-    assert example["loop_compile_mode"](parse(["--loop-compile", "off"]), "cuda") is None
-    modes = example["loop_compile_modes"]()
+    assert loop_compile_mode(args.loop_compile, "cpu") == "max-autotune-no-cudagraphs"
+    assert loop_compile_mode(parse(["--loop-compile", "off"]).loop_compile, "cuda") is None
+    modes = loop_compile_modes()
     assert "default" in modes and "reduce-overhead" not in modes and "max-autotune" not in modes
     for bad in (["--loop-compile", "reduce-overhead"], ["--modes", "loops"]):
         with pytest.raises(SystemExit):
             parse(bad)
 
 
-def run_example(monkeypatch, *args: str) -> None:
-    monkeypatch.setattr(sys, "argv", ["quantize_and_generate.py", *args])
+def run_serving(*args: str) -> None:
+    """``python -m lowvm.serving`` with ``args``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: threads only contend
     try:
-        runpy.run_path(EXAMPLE, run_name="__main__")
+        cli.main(list(args))
     finally:
         torch.set_num_threads(threads)
 
 
-def test_example_loop_rows_beside_eager_and_graphs(tmp_path, monkeypatch, capsys):
+def test_cli_loop_rows_beside_eager_and_graphs(tmp_path, capsys):
     """All three modes on the CPU (graphs and the loop's step compiled with the eager
     backend): the same greedy tokens, timed the same way, compared in the JSON."""
     out = tmp_path / "result.json"
-    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "4",
+    run_serving("--dtype", "int4", "--group-size", "64", "--new-tokens", "4",
                 "--batch-sizes", "2", "--prompt-len", "5", "--repeats", "2",
                 "--modes", "eager,graphs,loop", "--compile-backend", "eager",
                 "--loop-compile", "default", "--forward-steps", "2", "--no-fp16-speed",
@@ -231,15 +225,14 @@ def test_example_loop_rows_beside_eager_and_graphs(tmp_path, monkeypatch, capsys
 
 
 @pytest.mark.gpu
-def test_captured_step_replays_the_compiled_step_on_cuda(example):
+def test_captured_step_replays_the_compiled_step_on_cuda():
     """On the GPU: the compiled step captured in one CUDA graph gives exactly the tokens of
     the same step called plainly, and greedy tokens that start like ``generate``'s."""
     torch.manual_seed(0)
-    dense = example["init_random"](example["random_config"](example["parse_args"]([])),
-                                   "cuda")
-    model, _ = example["quantized_copy"](dense, "int4", 64, ("lm_head",))
-    ids = example["prompts"](2, 7, model.config.vocab_size, "cuda", 7)
-    loop = example["DecodeLoop"](model, ids, 12, compile_mode="default")
+    dense = init_random(random_config("tiny"), "cuda")
+    model, _ = quantized_copy(dense, "int4", 64, ("lm_head",))
+    ids = prompts(2, 7, model.config.vocab_size, "cuda", 7)
+    loop = DecodeLoop(model, ids, 12, compile_mode="default")
     try:
         plain = loop(12)
         loop.capture()
@@ -248,8 +241,8 @@ def test_captured_step_replays_the_compiled_step_on_cuda(example):
         assert torch.equal(graphed, plain)  # the same kernels (the tiny K has no split-K
         # atomics, whose order could differ), replayed: bit-identical logits, same tokens
         assert torch.equal(loop(12), graphed)
-        want = example["generate"](model, ids, 12)[:, ids.shape[1]:]
-        assert example["leading_equal"](graphed, want) >= 2  # fused kernels round apart
+        want = generate(model, ids, 12)[:, ids.shape[1]:]
+        assert leading_equal(graphed, want) >= 2  # fused kernels round apart
         assert loop.step_ms(5, "cuda") > 0
     finally:
         loop.close()
@@ -258,11 +251,11 @@ def test_captured_step_replays_the_compiled_step_on_cuda(example):
 
 
 @pytest.mark.gpu
-def test_example_loop_mode_on_cuda(tmp_path, monkeypatch):
+def test_cli_loop_mode_on_cuda(tmp_path):
     out = tmp_path / "result.json"
     # 16 tokens, medians of 3: with 8 tokens and one repeat the 1-token call once took
     # longer than the 8-token one on the H100 (decode rate nan; 2026-11-24)
-    run_example(monkeypatch, "--dtype", "int4", "--group-size", "64", "--new-tokens", "16",
+    run_serving("--dtype", "int4", "--group-size", "64", "--new-tokens", "16",
                 "--batch-sizes", "1", "--repeats", "3", "--modes", "graphs,loop",
                 "--forward-steps", "4", "--no-fp16-speed", "--json", str(out))
     result = json.loads(out.read_text())
@@ -274,9 +267,8 @@ def test_example_loop_mode_on_cuda(tmp_path, monkeypatch):
     assert loop["forward_ms"] > 0 and loop["decode_tokens_per_s"] > 0
 
 
-def test_chunked_argmax_equals_argmax_with_ties_and_padding(example):
+def test_chunked_argmax_equals_argmax_with_ties_and_padding():
     """The loop's greedy pick: the first index of the maximum, as torch.argmax."""
-    chunked_argmax = example["chunked_argmax"]
     torch.manual_seed(0)
     for vocab in (7, 1024, 1500, 128256):
         logits = torch.randn(3, vocab).half()

@@ -31,10 +31,11 @@ __all__ = ["use_decode_attention", "decode_attention", "decode_attention_rope",
 
 #: the name the implementation is registered under (``config._attn_implementation``)
 ATTENTION_NAME = "lowvm"
-#: longest cache the kernel serves: the longest measured (benchmarks/NOTES.md, tenth
-#: session: faster than transformers' compiled SDPA path at every length up to it, batch 1
-#: and 16). One block per (sequence, KV head) walks the whole cache, so long caches at
-#: batch 1 use few SMs; splitting the cache over blocks is not done yet.
+#: longest cache the kernel serves: the longest measured, faster than transformers'
+#: compiled SDPA path at every length up to it, batch 1 and 16
+#: (`python -m lowvm.bench attention`). One block per (sequence, KV head) walks the whole
+#: cache, so long caches at batch 1 use few SMs; splitting the cache over blocks is not
+#: done yet.
 MAX_LENGTH = 8192
 
 
@@ -131,15 +132,15 @@ def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int,
               rope: bool = False) -> Any:
     key = (dtype, kv_heads, group, head_dim, rope)
     if key not in _PROGRAMS:
-        import lowvm
+        from lowvm.compile import compile as compile_program
         from lowvm.kernels import decode_attention as programs
 
         name = "decode_attention" + ("_rope" if rope else "")
         program = getattr(programs, name + ("" if dtype == torch.float16 else "_bf16"))
         # 3 K/V tiles in flight measured 2-7 % faster than 2 (head_dim 128); 256-wide
         # heads keep 2 (3 would need 197 KB of shared memory, more than an A100 has)
-        _PROGRAMS[key] = lowvm.compile(program, kv_heads=kv_heads, group=group,
-                                       head_dim=head_dim, stages=3 if head_dim <= 128 else 2)
+        _PROGRAMS[key] = compile_program(program, kv_heads=kv_heads, group=group,
+                                         head_dim=head_dim, stages=3 if head_dim <= 128 else 2)
     return _PROGRAMS[key]
 
 

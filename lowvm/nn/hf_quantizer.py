@@ -17,7 +17,7 @@ Only hooks present in transformers 5.17, 5.23 and 5.24 are used:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -29,53 +29,11 @@ from transformers.quantizers.auto import (
     register_quantizer,
 )
 from transformers.quantizers.base import HfQuantizer
-from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from lowvm.nn.errors import QuantizationError
-from lowvm.nn.spec import weight_type
+from lowvm.nn.hf_config import METHOD, LowvmConfig
 
 __all__ = ["LowvmConfig", "LowvmHfQuantizer", "register"]
-
-METHOD = "lowvm"
-
-
-def _type_name(value: Any, where: str) -> str | None:
-    if value is None:
-        return None
-    return weight_type(value, where).name
-
-
-class LowvmConfig(QuantizationConfigMixin):
-    """Settings for quantizing while loading, and the record of a saved lowvm model.
-
-    ``dtype``: one type, or ``{glob: type}`` per module name (longest match wins, None
-    keeps a layer dense); ``group_size`` (-1 or None: one group per row); ``zero_point``
-    (None: on for uintN only); ``skip``: globs never quantized. ``modules`` is filled in by
-    lowvm (the resolved per-layer formats) and is what a pre-quantized load follows.
-    """
-
-    def __init__(self, dtype: Any = "int4", group_size: int | None = 128,
-                 zero_point: bool | None = None, skip: Iterable[str] = ("lm_head",),
-                 modules: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
-        self.quant_method = METHOD
-        if isinstance(dtype, Mapping):
-            self.dtype: str | dict[str, str | None] = {
-                str(k): _type_name(v, f"LowvmConfig: dtype[{k!r}]") for k, v in dtype.items()}
-        else:
-            name = _type_name(dtype, "LowvmConfig: dtype")
-            if name is None:
-                raise QuantizationError("LowvmConfig: dtype must be a type name or a "
-                                        "{pattern: type} dict; got None")
-            self.dtype = name
-        self.group_size = group_size
-        self.zero_point = zero_point
-        self.skip = [skip] if isinstance(skip, str) else list(skip or ())
-        self.modules = {name: dict(entry) for name, entry in (modules or {}).items()}
-
-    def quantize_kwargs(self) -> dict[str, Any]:
-        """The arguments of quantize_model these settings stand for."""
-        return {"dtype": self.dtype, "group_size": self.group_size,
-                "zero_point": self.zero_point, "skip": tuple(self.skip)}
 
 
 def _shell(linear: nn.Linear, entry: Mapping[str, Any], name: str) -> nn.Module:
@@ -140,7 +98,7 @@ class LowvmHfQuantizer(HfQuantizer):
 
     def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
         if not self.pre_quantized:
-            from lowvm.nn.model import quantize_model
+            from lowvm.nn.model import quantize_model  # loads the kernels: only when used
 
             settings = self.quantization_config.quantize_kwargs()
             report = quantize_model(model, progress=True, **settings)

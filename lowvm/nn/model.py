@@ -3,7 +3,7 @@
 Every layer is checked and quantized before the first one is swapped in, so a bad setting
 or a failure half-way leaves the model exactly as it was. Per-layer types come from glob
 patterns on module names; the resolved per-layer formats are recorded in the model's
-``config.quantization_config`` (a :class:`~lowvm.nn.hf_quantizer.LowvmConfig`) so that
+``config.quantization_config`` (a :class:`~lowvm.nn.hf_config.LowvmConfig`) so that
 ``save_pretrained`` / ``from_pretrained`` rebuild the same layers.
 """
 
@@ -151,7 +151,7 @@ def _record_config(model: nn.Module, report: QuantReport, dtype: Any, group_size
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict") or not report.replaced:
         return
-    from lowvm.nn.hf_quantizer import LowvmConfig
+    from lowvm.nn.hf_config import LowvmConfig
 
     previous = getattr(config, "quantization_config", None)
     modules = dict(previous.modules) if isinstance(previous, LowvmConfig) else {}

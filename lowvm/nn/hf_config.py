@@ -1,0 +1,59 @@
+"""``LowvmConfig``: the quantization settings of a model, and the record of a saved one.
+
+Kept apart from the transformers quantizer (:mod:`lowvm.nn.hf_quantizer`) so that
+:func:`~lowvm.nn.model.quantize_model` can record a config without importing the quantizer,
+which itself calls ``quantize_model``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from lowvm.nn.errors import QuantizationError
+from lowvm.nn.spec import weight_type
+
+__all__ = ["LowvmConfig", "METHOD"]
+
+METHOD = "lowvm"
+
+
+def _type_name(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    return weight_type(value, where).name
+
+
+class LowvmConfig(QuantizationConfigMixin):
+    """Settings for quantizing while loading, and the record of a saved lowvm model.
+
+    ``dtype``: one type, or ``{glob: type}`` per module name (longest match wins, None
+    keeps a layer dense); ``group_size`` (-1 or None: one group per row); ``zero_point``
+    (None: on for uintN only); ``skip``: globs never quantized. ``modules`` is filled in by
+    lowvm (the resolved per-layer formats) and is what a pre-quantized load follows.
+    """
+
+    def __init__(self, dtype: Any = "int4", group_size: int | None = 128,
+                 zero_point: bool | None = None, skip: Iterable[str] = ("lm_head",),
+                 modules: Mapping[str, Mapping[str, Any]] | None = None, **kwargs: Any) -> None:
+        self.quant_method = METHOD
+        if isinstance(dtype, Mapping):
+            self.dtype: str | dict[str, str | None] = {
+                str(k): _type_name(v, f"LowvmConfig: dtype[{k!r}]") for k, v in dtype.items()}
+        else:
+            name = _type_name(dtype, "LowvmConfig: dtype")
+            if name is None:
+                raise QuantizationError("LowvmConfig: dtype must be a type name or a "
+                                        "{pattern: type} dict; got None")
+            self.dtype = name
+        self.group_size = group_size
+        self.zero_point = zero_point
+        self.skip = [skip] if isinstance(skip, str) else list(skip or ())
+        self.modules = {name: dict(entry) for name, entry in (modules or {}).items()}
+
+    def quantize_kwargs(self) -> dict[str, Any]:
+        """The arguments of quantize_model these settings stand for."""
+        return {"dtype": self.dtype, "group_size": self.group_size,
+                "zero_point": self.zero_point, "skip": tuple(self.skip)}
