@@ -132,7 +132,7 @@ def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int,
               rope: bool = False) -> Any:
     key = (dtype, kv_heads, group, head_dim, rope)
     if key not in _PROGRAMS:
-        from lowvm.compile import compile as compile_program
+        from lowvm.driver import compile as compile_program
         from lowvm.kernels import decode_attention as programs
 
         name = "decode_attention" + ("_rope" if rope else "")
