@@ -330,7 +330,7 @@ def test_marlin_probes_are_unchanged(monkeypatch):
 
 def test_gemlite_rows_fit_the_results_schema_and_the_plot(tmp_path):
     from lowvm.bench import counting
-    from lowvm.bench.timing import Timing
+    from lowvm.runtime.timing import Timing
 
     fmt = counting.quant_format(4, 128, 4)
     t = Timing(median_us=20.0, min_us=19.0, p10_us=19.5, p90_us=21.0, runs=30)

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.gpu
 def test_time_cuda_and_hbm_bandwidth_are_plausible():
     import torch
 
-    from lowvm.bench.timing import L2Flusher, measure_hbm, time_cuda
+    from lowvm.runtime.timing import L2Flusher, measure_hbm, time_cuda
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
     small = time_cuda(lambda: a[:64] @ a[:64].t(), runs=30, flush=L2Flusher())
