@@ -69,7 +69,7 @@ def test_defaults_of_the_command_line():
     assert cfg.dtypes == (lowvm.int4,)
     assert cfg.groups == (128,)
     assert cfg.baselines == ("cublas_fp16", "cublas_bf16", "tinygemm")
-    assert set(cfg.optional) == {"marlin_vllm", "marlin_sgl", "gemlite"}
+    assert set(cfg.optional) == {"marlin_vllm", "marlin_sgl", "gemlite", "marlin"}
     assert cfg.runs >= 30 and cfg.with_lowvm and cfg.measure_hbm
     assert opts.anchors is None and opts.out == "benchmarks/results/"
 

@@ -115,7 +115,9 @@ def test_signature_is_gemlite_config_key():
     assert signature(16, 6144, 4096, 64, 2) == "(16, 6144, 4096, 64, 16, 102)"
 
 
-@pytest.mark.skipif(not SHIPPED_H100.is_file(), reason="run benchmarks/carry_gemlite.sh first")
+@pytest.mark.skipif(not SHIPPED_H100.is_file(),
+                    reason="GemLite's source (the gemlite/ folder of its 0.6.0.post2 sdist) "
+                           "is not under .carry/gemlite_src")
 def test_signatures_of_llama_8b_shapes_are_in_gemlite_shipped_h100_file():
     cache = json.loads(SHIPPED_H100.read_text())
     assert signature(1, 6144, 4096, 128, 4) in cache["GEMV_REVSPLITK"]
@@ -330,7 +332,7 @@ def test_marlin_probes_are_unchanged(monkeypatch):
 
 def test_gemlite_rows_fit_the_results_schema_and_the_plot(tmp_path):
     from lowvm.bench import counting
-    from lowvm.bench.timing import Timing
+    from lowvm.runtime.timing import Timing
 
     fmt = counting.quant_format(4, 128, 4)
     t = Timing(median_us=20.0, min_us=19.0, p10_us=19.5, p90_us=21.0, runs=30)

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from lowvm.bench import counting, plot, results
-from lowvm.bench.timing import summarize
+from lowvm.runtime.timing import summarize
 
 
 def _doc():

@@ -8,7 +8,7 @@ import pytest
 
 from lowvm.bench import BenchError, counting, results, table
 from lowvm.bench.anchors import default_anchor_path, load_anchors
-from lowvm.bench.timing import summarize
+from lowvm.runtime.timing import TimingError, summarize
 
 FMT = counting.quant_format(4, 128)
 
@@ -35,7 +35,7 @@ def test_summarize_median_and_percentiles():
     assert (t.median_us, t.min_us, t.runs) == (3.0, 1.0, 5)
     assert t.p10_us <= t.median_us <= t.p90_us
     assert summarize([7.0, 1.0]).median_us == 4.0
-    with pytest.raises(BenchError):
+    with pytest.raises(TimingError):
         summarize([])
 
 
@@ -83,13 +83,14 @@ def test_validate_names_each_problem(mutate, needle):
         results.validate(doc)
 
 
-def test_write_to_a_folder_uses_the_default_name_and_round_trips(tmp_path):
+def test_write_to_a_folder_uses_the_results_layout_and_round_trips(tmp_path):
     doc = _doc(list(_rows()))
+    doc["scenario"] = "gemm-decode"
     path = results.write(doc, tmp_path)
-    assert path.parent == tmp_path and path.name == results.default_filename(doc)
-    assert path.name.startswith("bench_nvidia-h100-80gb-hbm3_2026-11-24")
+    assert path == tmp_path / "2026-11-24" / "gemm-decode" / "nvidia-h100-80gb-hbm3.json"
+    assert path.name == results.default_filename(doc)
     assert results.load(path) == doc
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary left
 
 
 def test_write_refuses_an_invalid_document_and_leaves_the_old_file(tmp_path):

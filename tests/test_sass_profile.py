@@ -1,10 +1,8 @@
-"""benchmarks/sass_profile.py: the decode GEMM's main loop counted per VM instruction."""
+"""lowvm.bench.sass_profile: the decode GEMM's main loop counted per VM instruction."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -16,11 +14,9 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 
 def _tool():
-    path = Path(__file__).parents[1] / "benchmarks" / "sass_profile.py"
-    spec = importlib.util.spec_from_file_location("sass_profile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from lowvm.bench import sass_profile
+
+    return sass_profile
 
 
 def test_the_decode_loop_is_counted_per_vm_instruction():

@@ -1,11 +1,15 @@
-"""Benchmark harness for lowvm's quantized GEMMs against cuBLAS, tinygemm and others.
+"""Benchmark harness for lowvm's quantized GEMMs against cuBLAS, tinygemm, GemLite, Marlin.
 
-``python -m lowvm.bench`` times every chosen kernel on Llama-3 projection shapes with
-the method of DESIGN.md ("How we measure"): CUDA events, warm-up, a 512 MB L2 flush
-before each timed run, the median of at least 30 runs, every baseline in the same
-process. ``python -m lowvm.bench.plot results.json`` draws the results. The modules
-that count bytes, parse arguments and build the JSON import no GPU code, so they are
-tested on the CPU.
+``python -m lowvm.bench <scenario>`` runs one of the scenarios of
+:mod:`lowvm.bench.scenarios` (GEMM tables, the schedules sweep, the serving loop, the
+GPU tests, the sanitizers); with options only (``--shape``, ``--m``, ...) it times an
+ad-hoc GEMM table. Timings follow :mod:`lowvm.runtime.timing` (graph, eager,
+read-flushed, write-flushed; medians), every baseline in the same process, each result
+checked against a float64 reference first. Results go to
+``benchmarks/results/<date>/<scenario>/<gpu>.json`` with their environment;
+``report`` turns them into docs/performance.md's tables and ``compare`` guards against
+regressions. The modules that count bytes, parse arguments, plan and build the JSON
+import no GPU code, so they are tested on the CPU.
 """
 
 from lowvm.bench.errors import BenchError

@@ -1,6 +1,6 @@
 """Bytes and FLOPs of one ``y[M, N] = x[M, K] @ W[N, K]^T``, and the HBM floor.
 
-DESIGN.md: count before timing. At decode (M <= 16) the kernel cannot beat the time to
+Count before timing. At decode (M <= 16) the kernel cannot beat the time to
 stream its weights and scales once from HBM, so every row reports that floor and the
 share of it the kernel reached. Activations and output are counted separately
 (``io_bytes``): they are what a prefill kernel moves besides the weights.
@@ -25,7 +25,7 @@ __all__ = [
     "percent_of_floor",
 ]
 
-#: H100 80GB HBM3 read bandwidth measured on 2026-11-22 (DESIGN.md), used when the run
+#: H100 80GB HBM3 read bandwidth measured on 2026-11-22, used when the run
 #: did not measure its own.
 NOMINAL_HBM_TBPS = 3.04
 

@@ -1,5 +1,10 @@
 """Result rows and the JSON document a run writes under ``benchmarks/results/``.
 
+Layout: ``benchmarks/results/<date>/<scenario>/<gpu-slug>.json`` (:func:`result_path`),
+each document holding its rows and the environment that produced them (commit and
+whether the tree was dirty, GPU, driver, torch, CUDA, NVRTC, transformers, Python, date,
+the exact command: :mod:`lowvm.bench.environment`).
+
 One row per (kernel, shape, M): the timing statistics and what follows from them by
 :mod:`lowvm.bench.counting` (TFLOP/s, achieved GB/s, the HBM floor and the share of it
 reached). A row that could not be measured keeps its place with ``status`` "failed"
@@ -20,7 +25,7 @@ from typing import Any
 
 from lowvm.bench import counting
 from lowvm.bench.errors import BenchError
-from lowvm.bench.timing import Timing
+from lowvm.runtime.timing import Timing
 
 __all__ = [
     "SCHEMA",
@@ -33,9 +38,17 @@ __all__ = [
     "write",
     "load",
     "default_filename",
+    "DEFAULT_ROOT",
+    "gpu_slug",
+    "result_path",
+    "GEMM_KINDS",
 ]
 
-SCHEMA = "lowvm.bench/1"
+SCHEMA = "lowvm.bench/2"
+DEFAULT_ROOT = Path("benchmarks/results")
+#: Document kinds whose rows are GEMM timings (:class:`Row`); the others hold the
+#: outcome of a command (serving figures, test and sanitizer summaries).
+GEMM_KINDS = ("gemm", "schedules")
 STATUSES = ("ok", "failed", "skipped")
 _META_KEYS = ("schema", "gpu", "date", "torch", "cuda", "hbm", "method", "rows")
 
@@ -65,6 +78,10 @@ class Row:
     gbps: float | None = None
     pct_floor: float | None = None
     rel_err: float | None = None
+    method: str = "write-flushed"   # a lowvm.runtime.timing.METHODS name
+    copies: int = 0           # weight copies the calls cycled through (graph, eager)
+    scenario: str = ""
+    schedule: str = ""        # "schedules": "chosen" or its fields changed from the choice
 
 
 def _base(kernel: str, family: str, wtype: str, fmt: counting.WeightFormat, k: int, n: int,
@@ -77,8 +94,9 @@ def _base(kernel: str, family: str, wtype: str, fmt: counting.WeightFormat, k: i
 
 def measured_row(kernel: str, family: str, wtype: str, fmt: counting.WeightFormat, k: int,
                  n: int, m: int, timing: Timing, hbm_tbps: float,
-                 rel_err: float | None = None, note: str = "") -> Row:
-    """A row with its timing and every figure derived from it."""
+                 rel_err: float | None = None, note: str = "", **labels: Any) -> Row:
+    """A row with its timing and every figure derived from it; ``labels`` are the
+    method, copies, scenario and schedule fields."""
     base = _base(kernel, family, wtype, fmt, k, n, m, hbm_tbps)
     t = timing.median_us
     return Row(**base, status="ok", note=note, median_us=t, min_us=timing.min_us,
@@ -86,26 +104,26 @@ def measured_row(kernel: str, family: str, wtype: str, fmt: counting.WeightForma
                tflops=counting.achieved_tflops(m, n, k, t),
                gbps=counting.achieved_gbps(base["weight_bytes"], t),
                pct_floor=counting.percent_of_floor(base["weight_bytes"], t, hbm_tbps),
-               rel_err=rel_err)
+               rel_err=rel_err, **labels)
 
 
 def unmeasured_row(kernel: str, family: str, wtype: str, fmt: counting.WeightFormat, k: int,
                    n: int, m: int, status: str, note: str, hbm_tbps: float,
-                   rel_err: float | None = None) -> Row:
+                   rel_err: float | None = None, **labels: Any) -> Row:
     """A failed or skipped row: its counts, no timing, and why."""
     if status not in ("failed", "skipped"):
         raise BenchError(f"status={status!r}: an unmeasured row is 'failed' or 'skipped'")
     if not note:
         raise BenchError("note: a failed or skipped row must say why")
     return Row(**_base(kernel, family, wtype, fmt, k, n, m, hbm_tbps), status=status,
-               note=note, rel_err=rel_err)
+               note=note, rel_err=rel_err, **labels)
 
 
 def document(rows: list[Row], *, gpu: str, date: str, torch_version: str,
              cuda_version: str | None, hbm: dict[str, Any], method: dict[str, Any],
              **extra: Any) -> dict[str, Any]:
     """The JSON document of one run."""
-    doc: dict[str, Any] = {"schema": SCHEMA, "gpu": gpu, "date": date,
+    doc: dict[str, Any] = {"schema": SCHEMA, "kind": "gemm", "gpu": gpu, "date": date,
                            "torch": torch_version, "cuda": cuda_version, "hbm": hbm,
                            "method": method}
     doc.update(extra)
@@ -116,7 +134,8 @@ def document(rows: list[Row], *, gpu: str, date: str, torch_version: str,
 _ROW_TYPES: dict[str, tuple[type, ...]] = {
     "kernel": (str,), "family": (str,), "wtype": (str,), "group": (int,), "k": (int,),
     "n": (int,), "m": (int,), "status": (str,), "note": (str,), "weight_bytes": (int,),
-    "flops": (int,), "floor_us": (float, int), "runs": (int,),
+    "flops": (int,), "floor_us": (float, int), "runs": (int,), "method": (str,),
+    "copies": (int,), "scenario": (str,), "schedule": (str,),
 }
 _OPTIONAL_FLOATS = ("median_us", "min_us", "p10_us", "p90_us", "tflops", "gbps",
                     "pct_floor", "rel_err")
@@ -127,6 +146,9 @@ def validate(doc: Any) -> None:
     problems: list[str] = []
     if not isinstance(doc, dict):
         raise BenchError(f"results: expected a JSON object, got {type(doc).__name__}")
+    if doc.get("kind", "gemm") not in GEMM_KINDS:
+        _validate_outcome(doc)
+        return
     for key in _META_KEYS:
         if key not in doc:
             problems.append(f"missing key {key!r}")
@@ -166,20 +188,49 @@ def validate(doc: Any) -> None:
                          + "; ".join(problems))
 
 
+def _validate_outcome(doc: dict[str, Any]) -> None:
+    """The schema of a command's outcome: who ran it, whether it passed, its rows."""
+    problems = [f"missing key {key!r}" for key in ("schema", "kind", "scenario", "date",
+                                                    "ok", "rows") if key not in doc]
+    if "ok" in doc and not isinstance(doc["ok"], bool):
+        problems.append(f"ok={doc['ok']!r} is not true or false")
+    if "rows" in doc and not (isinstance(doc["rows"], list)
+                              and all(isinstance(r, dict) for r in doc["rows"])):
+        problems.append("rows must be a list of objects")
+    if problems:
+        raise BenchError("results do not follow the schema " + SCHEMA + ": "
+                         + "; ".join(problems))
+
+
+def gpu_slug(gpu: Any) -> str:
+    """The GPU's name reduced to lower-case letters, digits and '-' (``nvidia-h100-80gb-hbm3``)."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", str(gpu or "")).strip("-").lower() or "gpu"
+
+
+def _day(date: Any) -> str:
+    match = re.match(r"\d{4}-\d{2}-\d{2}", str(date or ""))
+    return match.group(0) if match else "undated"
+
+
 def default_filename(doc: dict[str, Any]) -> str:
-    """``bench_<gpu>_<date>.json``, the GPU name reduced to letters, digits and '-'."""
-    gpu = re.sub(r"[^A-Za-z0-9]+", "-", str(doc.get("gpu", "gpu"))).strip("-").lower()
-    date = re.sub(r"[^0-9T-]+", "", str(doc.get("date", "")).replace(":", ""))
-    return f"bench_{gpu or 'gpu'}_{date or 'undated'}.json"
+    """``<gpu-slug>.json``: the file name of a document inside its scenario's folder."""
+    return f"{gpu_slug(doc.get('gpu'))}.json"
 
 
-def write(doc: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Validate and write ``doc``; ``path`` is a file, or a folder for the default name.
-    The file is replaced atomically, so a crash never leaves half a document."""
+def result_path(doc: dict[str, Any], root: str | os.PathLike[str] = DEFAULT_ROOT) -> Path:
+    """``<root>/<date>/<scenario>/<gpu-slug>.json`` for ``doc``."""
+    scenario = re.sub(r"[^A-Za-z0-9_.-]+", "-", str(doc.get("scenario") or "adhoc"))
+    return Path(root) / _day(doc.get("date")) / scenario / default_filename(doc)
+
+
+def write(doc: dict[str, Any], path: str | os.PathLike[str] = DEFAULT_ROOT) -> Path:
+    """Validate and write ``doc``; ``path`` is a ``.json`` file, or a results root under
+    which :func:`result_path` places it. The file is replaced atomically, so a crash
+    never leaves half a document."""
     validate(doc)
     target = Path(path)
-    if target.is_dir() or str(path).endswith(os.sep):
-        target = target / default_filename(doc)
+    if target.is_dir() or str(path).endswith(os.sep) or target.suffix != ".json":
+        target = result_path(doc, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     try:

@@ -4,8 +4,10 @@ For each shape a random fp16 weight is made and every kernel prepared once; for 
 a fresh ``x`` is drawn, and each kernel is first checked against a float64 reference
 (``||y - ref|| / ||ref||`` with ``ref = x @ W_kernel^T``, ``W_kernel`` the weight the
 kernel actually holds, e.g. dequantised) with the output memory poisoned beforehand,
-then timed by :func:`lowvm.bench.timing.time_cuda`. A wrong result, an exception or a
-run slower than the budget becomes a failed/skipped row instead of a timing.
+then timed by each method of the run (:mod:`lowvm.runtime.timing`: ``graph`` and
+``eager`` over copies of the weight that overflow the L2, ``read-flushed`` and
+``write-flushed`` one call after a 512 MB flush). A wrong result, an exception or a run
+slower than the budget becomes a failed/skipped row instead of a timing.
 """
 
 from __future__ import annotations
@@ -16,14 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lowvm.bench import results, timing
+from lowvm.bench import results
 from lowvm.bench.candidates import Candidate, build_candidates, probe_optional
 from lowvm.bench.counting import NOMINAL_HBM_TBPS
 from lowvm.bench.errors import BenchError
 from lowvm.bench.shapes import Shape
 from lowvm.dtypes import DType
+from lowvm.runtime import timing
 
-__all__ = ["RunConfig", "run_benchmark", "relative_error"]
+__all__ = ["RunConfig", "Timer", "measure_candidate", "gpu_setup", "method_record",
+           "run_benchmark", "relative_error"]
 
 
 @dataclass
@@ -44,6 +48,9 @@ class RunConfig:
     hbm_tbps: float | None = None     # the floor's bandwidth; default: measured read
     measure_hbm: bool = True
     seed: int = 0
+    methods: tuple[str, ...] = ("write-flushed",)
+    scenario: str = "adhoc"
+    replays: int = timing.MIN_REPLAYS
 
 
 def relative_error(out: Any, ref: Any) -> float:
@@ -77,39 +84,100 @@ def _check(c: Candidate, x: Any, tol: float | None) -> tuple[float, str]:
     return err, ""
 
 
-def _measure(c: Candidate, shape: Shape, m: int, x: Any, cfg: RunConfig,
-             flush: timing.L2Flusher, floor_tbps: float) -> results.Row:
+class Timer:
+    """Times one candidate by one method, keeping the flush buffers and weight copies."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        self.flushers: dict[str, Any] = {}
+        self.copies: dict[str, list[Callable[[Any], Any]]] = {}
+
+    def forget_copies(self) -> None:
+        self.copies.clear()
+
+    def calls(self, c: Candidate, bytes_per_copy: int) -> list[Callable[[Any], Any]] | None:
+        """``c.fn`` and copies of it on distinct weights, >= 200 MB together."""
+        if c.replicate is None:
+            return None
+        if c.kernel not in self.copies:
+            count = timing.copies_for(bytes_per_copy)
+            self.copies[c.kernel] = [c.fn] + [c.replicate() for _ in range(count - 1)]
+        return self.copies[c.kernel]
+
+    def time(self, c: Candidate, xa: Any, method: str, bytes_per_copy: int
+             ) -> tuple[timing.Timing | None, int, str]:
+        """(timing or None, weight copies used, why not timed)."""
+        cfg = self.cfg
+        if method in ("read-flushed", "write-flushed"):
+            return (timing.time_flushed(lambda: c.fn(xa), method, runs=cfg.runs,
+                                        warmup=cfg.warmup, flushers=self.flushers), 1, "")
+        fns = self.calls(c, bytes_per_copy)
+        if fns is None:
+            return None, 0, f"{method}: the kernel's weight cannot be copied"
+        calls = [lambda f=f: f(xa) for f in fns]
+        if method == "graph":
+            return timing.time_graph(calls, replays=cfg.replays), len(calls), ""
+        return timing.time_eager(calls, replays=cfg.replays), len(calls), ""
+
+
+def measure_candidate(c: Candidate, shape: Shape, m: int, x: Any, cfg: RunConfig, timer: Timer,
+             floor_tbps: float, schedule: str = "") -> list[results.Row]:
+    """One row per method for ``c`` at ``(shape, m)``: checked once, then timed."""
     args = (c.kernel, c.family, c.wtype, c.fmt, shape.k, shape.n, m)
+    extra = dict(scenario=cfg.scenario, schedule=schedule)
+
+    def unmeasured(status: str, why: str, err: float | None = None) -> list[results.Row]:
+        return [results.unmeasured_row(*args, status, why, floor_tbps, rel_err=err,
+                                       method=meth, **extra) for meth in cfg.methods]
+
     xa = x.to(c.act_dtype)
     try:
         err, why = _check(c, xa, cfg.tol)
     except Exception as exc:
-        return results.unmeasured_row(*args, "failed", f"{type(exc).__name__}: {exc}"[:200],
-                                      floor_tbps)
+        return unmeasured("failed", f"{type(exc).__name__}: {exc}"[:200])
     if why:
-        return results.unmeasured_row(*args, "failed", why, floor_tbps, rel_err=err)
-    one = timing.time_cuda(lambda: c.fn(xa), runs=1, warmup=0, flush=flush)
+        return unmeasured("failed", why, err)
+    one = timing.time_flushed(lambda: c.fn(xa), "write-flushed", runs=1, warmup=0,
+                              flushers=timer.flushers)
     if one.median_us > cfg.max_run_ms * 1e3:
-        return results.unmeasured_row(
-            *args, "skipped", f"one run took {one.median_us / 1e3:.0f} ms > --max-run-ms "
-            f"{cfg.max_run_ms:g}", floor_tbps, rel_err=err)
-    t = timing.time_cuda(lambda: c.fn(xa), runs=cfg.runs, warmup=cfg.warmup, flush=flush)
-    return results.measured_row(*args, t, floor_tbps, rel_err=err)
+        return unmeasured("skipped", f"one run took {one.median_us / 1e3:.0f} ms > "
+                          f"--max-run-ms {cfg.max_run_ms:g}", err)
+    rows = []
+    nbytes = c.fmt.total_bytes(shape.k, shape.n)
+    for method in cfg.methods:
+        try:
+            t, copies, why = timer.time(c, xa, method, nbytes)
+        except Exception as exc:  # e.g. a kernel that cannot be captured in a graph
+            t, copies, why = None, 0, f"{method}: {type(exc).__name__}: {exc}"[:200]
+        if t is None:
+            rows.append(results.unmeasured_row(*args, "skipped" if "copied" in why else
+                                               "failed", why, floor_tbps, rel_err=err,
+                                               method=method, **extra))
+        else:
+            rows.append(results.measured_row(*args, t, floor_tbps, rel_err=err,
+                                             method=method, copies=copies, **extra))
+    return rows
 
 
-def run_benchmark(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Measure every (shape, M, kernel) of ``cfg``; returns the results document."""
-    import datetime
+def _log_rows(log: Callable[[str], None], label: str, rows: list[results.Row]) -> None:
+    for row in rows:
+        shown = f"{row.median_us:.1f} us" if row.status == "ok" else row.status
+        log(f"{label} {row.kernel} {row.schedule} [{row.method}]: {shown}".replace("  ", " "))
 
+
+def gpu_setup(cfg: RunConfig, log: Callable[[str], None]) -> tuple[dict[str, Any], list[str]]:
+    """Check the device and the options, measure HBM: ``(hbm, notes)``."""
     import torch
 
     if not torch.cuda.is_available():
         raise BenchError("no CUDA device: the benchmark runs on a GPU (use --list to see "
                          "what it would run)")
     if cfg.runs < timing.MIN_RUNS:
-        raise BenchError(f"--runs {cfg.runs}: DESIGN.md's method takes the median of at "
-                         f"least {timing.MIN_RUNS} runs")
-    started = time.perf_counter()
+        raise BenchError(f"--runs {cfg.runs}: the method takes the median of at least "
+                         f"{timing.MIN_RUNS} runs")
+    if cfg.replays < timing.MIN_REPLAYS:
+        raise BenchError(f"--replays {cfg.replays}: the graph and eager methods take the "
+                         f"median of at least {timing.MIN_REPLAYS} replays")
     notes = probe_optional(cfg.optional)
     for note in notes:
         log(note)
@@ -124,8 +192,41 @@ def run_benchmark(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[st
     else:
         hbm.update(floor_tbps=NOMINAL_HBM_TBPS,
                    floor_source="nominal H100 read bandwidth of 2026-11-22")
+    return hbm, notes
+
+
+def method_record(cfg: RunConfig) -> dict[str, Any]:
+    """How the run timed, stored beside its rows."""
+    return {
+        "methods": list(cfg.methods),
+        "flushed": "CUDA events around one call after a 512 MB L2 flush (read: a "
+                   "reduction over the buffer; write: a fill), median of the runs",
+        "graph": f"calls on distinct weight copies (>= {timing.GRAPH_MIN_BYTES // 10**6} MB "
+                 "together) captured back to back in one CUDA graph, replayed behind a GPU "
+                 "sleep; time per call, median of the replays",
+        "eager": "the same calls issued back to back from Python, no flush; time per call",
+        "l2_flush_bytes": timing.FLUSH_BYTES,
+        "warmup": cfg.warmup,
+        "runs": cfg.runs,
+        "replays": cfg.replays,
+        "statistic": "median",
+        "weights": f"randn/sqrt(K) fp16, seed {cfg.seed}; tinygemm and cublas_bf16 use bf16",
+        "floor": "(weight + scale bytes) / floor_tbps",
+        "check": "relative error against x @ W_kernel^T in float64, before timing",
+        "max_run_ms": cfg.max_run_ms,
+    }
+
+
+def run_benchmark(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Measure every (shape, M, kernel, method) of ``cfg``; returns the results document."""
+    import torch
+
+    from lowvm.bench.environment import collect
+
+    started = time.perf_counter()
+    hbm, notes = gpu_setup(cfg, log)
     floor_tbps = hbm["floor_tbps"]
-    flush = timing.L2Flusher()
+    timer = Timer(cfg)
     rows: list[results.Row] = []
     gen = torch.Generator(device="cuda")
     for shape in cfg.shapes:
@@ -138,36 +239,17 @@ def run_benchmark(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[st
         for m in cfg.ms:
             x = torch.randn(m, shape.k, device="cuda", generator=gen).to(torch.float16)
             for c in ready:
-                row = _measure(c, shape, m, x, cfg, flush, floor_tbps)
-                rows.append(row)
-                shown = f"{row.median_us:.1f} us" if row.status == "ok" else row.status
-                log(f"[{shape} M={m}] {c.kernel}: {shown}")
+                new = measure_candidate(c, shape, m, x, cfg, timer, floor_tbps)
+                _log_rows(log, f"[{shape} M={m}]", new)
+                rows += new
             for u in missing:
-                rows.append(results.unmeasured_row(u.kernel, u.family, u.wtype, u.fmt,
-                                                   shape.k, shape.n, m, u.status, u.note,
-                                                   floor_tbps))
+                rows += [results.unmeasured_row(u.kernel, u.family, u.wtype, u.fmt, shape.k,
+                                                shape.n, m, u.status, u.note, floor_tbps,
+                                                method=meth, scenario=cfg.scenario)
+                         for meth in cfg.methods]
+        timer.forget_copies()
         del ready, weight
         torch.cuda.empty_cache()
-    props = torch.cuda.get_device_properties(0)
-    try:
-        from lowvm.runtime import driver_version
-        driver: Any = driver_version()
-    except Exception:  # the figure is informative only
-        driver = None
-    method = {
-        "timer": "CUDA events around the kernel alone",
-        "l2_flush_bytes": timing.FLUSH_BYTES,
-        "warmup": cfg.warmup,
-        "runs": cfg.runs,
-        "statistic": "median",
-        "weights": f"randn/sqrt(K) fp16, seed {cfg.seed}; tinygemm and cublas_bf16 use bf16",
-        "floor": "(weight + scale bytes) / floor_tbps",
-        "check": "relative error against x @ W_kernel^T in float64, before timing",
-        "max_run_ms": cfg.max_run_ms,
-    }
     return results.document(
-        rows, gpu=torch.cuda.get_device_name(), date=datetime.datetime.now(
-            datetime.timezone.utc).isoformat(timespec="seconds"),
-        torch_version=torch.__version__, cuda_version=torch.version.cuda, hbm=hbm,
-        method=method, driver=driver, sm_count=props.multi_processor_count,
-        notes=notes, wall_s=round(time.perf_counter() - started, 1))
+        rows, hbm=hbm, method=method_record(cfg), notes=notes,
+        wall_s=round(time.perf_counter() - started, 1), **collect())

@@ -12,7 +12,7 @@ from typing import Any
 
 from lowvm.bench.anchors import AnchorSet
 
-__all__ = ["format_table", "format_rows", "format_anchors", "format_hbm"]
+__all__ = ["format_table", "format_rows", "format_anchors", "format_hbm", "format_outcome"]
 
 
 def format_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -46,15 +46,18 @@ def _fmt(value: float | None, spec: str) -> str:
 def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     """The run's rows (as in the JSON) as a table, sorted by shape, M, then kernel."""
     ordered = sorted(rows, key=lambda r: (r["k"], r["n"], r["m"], r["family"] != "lowvm",
-                                          r["kernel"]))
-    header = ["K x N", "M", "kernel", "median us", "TFLOP/s", "GB/s", "% HBM floor",
-              "floor us", "rel err", "status"]
+                                          r["kernel"], r.get("schedule", "") != "chosen",
+                                          r.get("schedule", ""), r.get("method", "")))
+    header = ["K x N", "M", "kernel", "method", "median us", "TFLOP/s", "GB/s",
+              "% HBM floor", "floor us", "rel err", "status"]
     body = []
     for r in ordered:
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['note']}"
         if r["status"] == "ok" and r.get("note"):
             status += f" ({r['note']})"
-        body.append([f"{r['k']}x{r['n']}", r["m"], r["kernel"], _fmt(r["median_us"], ".1f"),
+        kernel = r["kernel"] + (f" [{r['schedule']}]" if r.get("schedule") else "")
+        body.append([f"{r['k']}x{r['n']}", r["m"], kernel, r.get("method", ""),
+                     _fmt(r["median_us"], ".1f"),
                      _fmt(r["tflops"], ".1f"), _fmt(r["gbps"], ".0f"),
                      _fmt(r["pct_floor"], ".1f"), _fmt(r["floor_us"], ".1f"),
                      _fmt(r["rel_err"], ".1e"), status])
@@ -85,3 +88,23 @@ def format_hbm(hbm: dict[str, Any]) -> str:
     measured = ", ".join(parts) if parts else "not measured"
     return (f"HBM bandwidth measured in this run: {measured}; floor uses "
             f"{hbm['floor_tbps']:.2f} TB/s ({hbm.get('floor_source', '')})")
+
+
+def format_outcome(doc: dict[str, Any]) -> str:
+    """A command scenario's result: passed or not, then its rows' fields as a table."""
+    lines = [f"{doc.get('scenario')}: {'passed' if doc.get('ok') else 'FAILED'}"]
+    for key in ("totals", "note"):
+        if doc.get(key):
+            lines.append(f"{key}: {doc[key]}")
+    rows = doc.get("rows") or []
+    if rows:
+        header = list(dict.fromkeys(k for r in rows for k in r
+                                    if not isinstance(r[k], (dict, list))))
+        lines.append(format_table(header, [[_cell(r.get(k)) for k in header] for r in rows]))
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)

@@ -22,7 +22,7 @@ __all__ = ["cuda_measure", "quant_linear_build"]
 def cuda_measure(build: Callable[[Any], Callable[[], Any]], runs: int = 30,
                  warmup: int = 3) -> Callable[[Any], float]:
     """A measure function timing ``build(schedule)()`` on the current GPU."""
-    from lowvm.bench.timing import L2Flusher, time_cuda
+    from lowvm.runtime.timing import L2Flusher, time_cuda
 
     flush: list[L2Flusher] = []  # allocated on first use, shared by every candidate
 

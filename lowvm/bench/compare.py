@@ -1,0 +1,94 @@
+"""``python -m lowvm.bench compare <fresh.json> <reference.json> [--tolerance 0.07]``.
+
+A regression guard: every GEMM cell measured in both files (same scenario, kernel,
+schedule, method, K, N, M) is compared, and the command exits 1 when any is more than
+``tolerance`` slower in the fresh file (or when the files share no cell, which would
+compare nothing). For command scenarios, a fresh failure where the reference passed is
+a regression too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from lowvm.bench.errors import BenchError
+from lowvm.bench.results import GEMM_KINDS, load
+from lowvm.bench.table import format_table
+
+__all__ = ["DEFAULT_TOLERANCE", "Cell", "cell_key", "compare_docs", "main"]
+
+DEFAULT_TOLERANCE = 0.07
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell measured in both files."""
+
+    key: tuple[Any, ...]
+    fresh_us: float
+    reference_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.fresh_us / self.reference_us
+
+    def slower(self, tolerance: float) -> bool:
+        return self.ratio > 1 + tolerance
+
+
+def cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What identifies a row across runs."""
+    return (row.get("kernel"), row.get("schedule", ""), row.get("method", ""),
+            row.get("k"), row.get("n"), row.get("m"))
+
+
+def _cells(doc: dict[str, Any]) -> dict[tuple[Any, ...], float]:
+    return {cell_key(r): r["median_us"] for r in doc["rows"]
+            if r.get("status") == "ok" and r.get("median_us")}
+
+
+def compare_docs(fresh: dict[str, Any], reference: dict[str, Any]) -> list[Cell]:
+    """The cells both GEMM documents measured, in the reference's order."""
+    if fresh.get("scenario") != reference.get("scenario"):
+        raise BenchError(f"compare: the files ran different scenarios "
+                         f"({fresh.get('scenario')!r} and {reference.get('scenario')!r})")
+    new, old = _cells(fresh), _cells(reference)
+    return [Cell(key, new[key], old[key]) for key in old if key in new]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lowvm.bench compare",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("fresh", help="results of the run to check")
+    parser.add_argument("reference", help="results it must not be slower than")
+    parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                        help=f"allowed slowdown, a fraction (default {DEFAULT_TOLERANCE})")
+    opts = parser.parse_args(argv)
+    if not 0 <= opts.tolerance < 10:
+        parser.error(f"--tolerance {opts.tolerance}: give a fraction such as 0.07")
+    try:
+        fresh, reference = load(opts.fresh), load(opts.reference)
+        if fresh.get("kind", "gemm") not in GEMM_KINDS:
+            regressed = reference.get("ok") and not fresh.get("ok")
+            print(f"{fresh.get('scenario')}: fresh {'passed' if fresh.get('ok') else 'failed'}"
+                  f", reference {'passed' if reference.get('ok') else 'failed'}")
+            return 1 if regressed else 0
+        cells = compare_docs(fresh, reference)
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not cells:
+        print("error: the files share no measured cell; nothing was compared",
+              file=sys.stderr)
+        return 1
+    slow = [c for c in cells if c.slower(opts.tolerance)]
+    body = [[*map(str, c.key), f"{c.reference_us:.1f}", f"{c.fresh_us:.1f}",
+             f"{100 * (c.ratio - 1):+.1f}%", "SLOWER" if c in slow else ""] for c in cells]
+    print(format_table(["kernel", "schedule", "method", "K", "N", "M", "reference us",
+                        "fresh us", "change", ""], body))
+    print(f"\n{len(cells)} cells compared, {len(slow)} more than "
+          f"{100 * opts.tolerance:g}% slower")
+    return 1 if slow else 0

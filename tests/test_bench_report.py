@@ -1,0 +1,188 @@
+"""CPU tests of results' environment, the report, the regression guard and Marlin's absence."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from lowvm.bench import (
+    BenchError,
+    candidates,
+    commands,
+    compare,
+    counting,
+    environment,
+    marlin_baseline,
+    report,
+    results,
+)
+from lowvm.bench.scenarios import SCENARIOS
+from lowvm.runtime.timing import summarize
+
+FMT = counting.quant_format(4, 128)
+
+
+def _doc(us: dict[tuple[str, int], float], scenario: str = "gemm-decode",
+         date: str = "2026-12-01T10:00:00+00:00") -> dict:
+    rows = [results.measured_row(kernel, "lowvm" if kernel.startswith("lowvm") else
+                                 "baseline", "int4", FMT, 4096, 6144, m,
+                                 summarize([t] * 30), 3.0, method="graph",
+                                 scenario=scenario)
+            for (kernel, m), t in us.items()]
+    env = environment.collect(["gemm-decode"])
+    doc = results.document(rows, gpu="NVIDIA H100 80GB HBM3", date=date,
+                           torch_version="2.11", cuda_version="13.0",
+                           hbm={"floor_tbps": 3.0}, method={}, environment=env["environment"])
+    doc["scenario"] = scenario
+    return doc
+
+
+def test_environment_records_commit_versions_and_command():
+    env = environment.collect(["gemm-decode", "--m", "1"])["environment"]
+    assert set(env) == set(environment.ENVIRONMENT_KEYS)
+    assert env["command"] == "python -m lowvm.bench gemm-decode --m 1"
+    assert env["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert env["torch"] and env["date"]
+    if env["commit"] is not None:  # a git checkout
+        assert len(env["commit"]) == 40 and isinstance(env["dirty"], bool)
+
+
+def test_git_state_outside_a_checkout(tmp_path):
+    assert environment.git_state(tmp_path) == (None, None)
+
+
+def test_results_layout_and_environment_in_the_file(tmp_path):
+    doc = _doc({("lowvm_int4_g128", 1): 20.0})
+    path = results.write(doc, tmp_path)
+    assert path.relative_to(tmp_path).parts == ("2026-12-01", "gemm-decode",
+                                                 "nvidia-h100-80gb-hbm3.json")
+    saved = json.loads(path.read_text())
+    assert saved["environment"]["command"].startswith("python -m lowvm.bench")
+    assert saved["rows"][0]["method"] == "graph"
+    assert results.gpu_slug("NVIDIA H200") == "nvidia-h200"
+
+
+def test_outcome_documents_validate_by_their_own_schema(tmp_path):
+    doc = {"schema": results.SCHEMA, "kind": "pytest", "scenario": "gpu-suite",
+           "date": "2026-12-01", "gpu": "GPU", "ok": True, "rows": []}
+    results.validate(doc)
+    with pytest.raises(BenchError, match="'ok'"):
+        results.validate({k: v for k, v in doc.items() if k != "ok"})
+
+
+def test_report_writes_tables_between_the_markers_and_keeps_the_prose(tmp_path):
+    root = tmp_path / "results"
+    results.write(_doc({("lowvm_int4_g128", 1): 20.0}, date="2026-11-30"), root)
+    results.write(_doc({("lowvm_int4_g128", 1): 18.0, ("cublas_fp16", 1): 30.0}), root)
+    page = tmp_path / "docs" / "performance.md"
+    assert report.main(["--results", str(root), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert report.BEGIN in text and report.END in text
+    assert "python -m lowvm.bench gemm-decode" in text
+    assert "| 4096x6144 | 1 | 18.0 | 30.0 |" in text and "20.0" not in text  # newest only
+    page.write_text("# Mine\n\nprose\n\n" + text[text.index(report.BEGIN):])
+    assert report.main(["--results", str(root), "--doc", str(page)]) == 0
+    again = page.read_text()
+    assert again.startswith("# Mine\n\nprose") and again.count(report.BEGIN) == 1
+
+
+def test_report_of_schedules_compares_the_choice_with_the_fastest():
+    doc = _doc({("lowvm_int4_g128", 1): 20.0}, scenario="schedules")
+    doc["kind"] = "schedules"
+    faster = dict(doc["rows"][0], schedule="split=8/x_whole=512", median_us=16.0)
+    doc["rows"] = [dict(doc["rows"][0], schedule="chosen"), faster]
+    text = report.render_doc(doc)
+    assert "split=8/x_whole=512" in text and "| 1.25 |" in text
+
+
+def test_compare_passes_within_tolerance_and_fails_beyond(tmp_path):
+    ref = results.write(_doc({("lowvm_int4_g128", 1): 20.0, ("cublas_fp16", 1): 30.0}),
+                        tmp_path / "ref.json")
+    ok = results.write(_doc({("lowvm_int4_g128", 1): 21.0, ("cublas_fp16", 1): 29.0}),
+                       tmp_path / "ok.json")
+    slow = results.write(_doc({("lowvm_int4_g128", 1): 21.6, ("cublas_fp16", 1): 30.0}),
+                         tmp_path / "slow.json")
+    assert compare.main([str(ok), str(ref), "--tolerance", "0.07"]) == 0
+    assert compare.main([str(slow), str(ref), "--tolerance", "0.07"]) == 1
+    assert compare.main([str(slow), str(ref), "--tolerance", "0.1"]) == 0
+
+
+def test_compare_refuses_files_with_nothing_in_common(tmp_path, capsys):
+    a = results.write(_doc({("lowvm_int4_g128", 1): 20.0}), tmp_path / "a.json")
+    b = results.write(_doc({("lowvm_int4_g128", 16): 20.0}), tmp_path / "b.json")
+    assert compare.main([str(a), str(b)]) == 1
+    assert "no measured cell" in capsys.readouterr().err
+    c = results.write(_doc({("lowvm_int4_g128", 1): 20.0}, scenario="types"),
+                      tmp_path / "c.json")
+    assert compare.main([str(a), str(c)]) == 1
+
+
+def test_compare_goes_through_the_bench_command(tmp_path):
+    from lowvm.bench import cli
+
+    ref = results.write(_doc({("lowvm_int4_g128", 1): 20.0}), tmp_path / "ref.json")
+    assert cli.main(["compare", str(ref), str(ref), "--tolerance", "0.07"]) == 0
+
+
+def test_marlin_missing_is_a_reason_not_a_failure(monkeypatch):
+    monkeypatch.setitem(sys.modules, "marlin", None)  # import marlin raises ImportError
+    monkeypatch.delenv(marlin_baseline.SOURCE_ENV, raising=False)
+    with pytest.raises(marlin_baseline.MarlinUnavailable, match="MARLIN_SRC is not set"):
+        marlin_baseline.load()
+    notes = candidates.probe_optional(("marlin",))
+    assert notes == [notes[0]] and notes[0].startswith("marlin: not available: ")
+
+
+def test_marlin_source_folder_must_hold_its_files(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "marlin", None)
+    monkeypatch.setenv(marlin_baseline.SOURCE_ENV, str(tmp_path))
+    with pytest.raises(marlin_baseline.MarlinUnavailable, match="marlin_cuda.cpp"):
+        marlin_baseline.load()
+
+
+def test_marlin_rows_are_skipped_with_the_reason(monkeypatch):
+    import torch
+
+    monkeypatch.setitem(sys.modules, "marlin", None)
+    monkeypatch.delenv(marlin_baseline.SOURCE_ENV, raising=False)
+    ready, missing = candidates.build_candidates(torch.zeros(256, 128, dtype=torch.float16),
+                                                 (), (128,), (), with_lowvm=False,
+                                                 optional=("marlin",))
+    assert ready == [] and len(missing) == 1
+    assert missing[0].kernel == "marlin_int4_g128" and missing[0].status == "skipped"
+    assert missing[0].note.startswith("not available: ")
+
+
+def test_marlin_build_folder_follows_the_sources(tmp_path):
+    a, b = tmp_path / "a.cu", tmp_path / "b.cpp"
+    a.write_text("x")
+    b.write_text("y")
+    first = marlin_baseline.build_dir((a, b), tmp_path / "cache")
+    assert marlin_baseline.build_dir((a, b), tmp_path / "cache") == first
+    a.write_text("changed")
+    assert marlin_baseline.build_dir((a, b), tmp_path / "cache") != first
+
+
+def test_junit_and_sanitizer_summaries():
+    xml = ('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1" '
+           'time="2.5"><testcase classname="tests.t" name="a"/><testcase classname="tests.t"'
+           ' name="b"><failure message="boom"/></testcase></testsuite></testsuites>')
+    totals, problems = commands.parse_junit(xml)
+    assert totals == {"tests": 3, "failures": 1, "errors": 0, "skipped": 1, "seconds": 2.5,
+                      "passed": 1}
+    assert problems == [{"test": "tests.t::b", "outcome": "failure", "message": "boom"}]
+    with pytest.raises(BenchError, match="not XML"):
+        commands.parse_junit("<")
+    text = "...\n========= ERROR SUMMARY: 0 errors\n"
+    assert commands.sanitizer_summary(text)["count"] == 0
+    assert commands.sanitizer_summary("========= RACECHECK SUMMARY: 2 hazards displayed"
+                                      )["count"] == 2
+    assert commands.sanitizer_summary("crashed")["count"] is None
+
+
+def test_serving_command_is_expanded_with_the_interpreter_and_scratch_folder(tmp_path):
+    cmd = commands.expand(SCENARIOS["serving-loop"].command, tmp_path)
+    assert cmd[0] == sys.executable and cmd[1:3] == ["-m", "lowvm.serving"]
+    assert cmd[-2:] == ["--json", f"{tmp_path}/serving.json"]
