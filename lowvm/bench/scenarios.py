@@ -88,7 +88,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("serving-loop", "serving",
              "a decode loop of a random Llama-3-8B, fp16 and int4/int3/int2, batch 1 and 16",
              command=("{python}", "-m", "lowvm.serving", "--config", "llama3-8b",
-                      "--dtype", "float16,int4,int3,int2", "--batch-sizes", "1,16",
+                      "--dtype", "int4,int3,int2", "--batch-sizes", "1,16",
                       "--json", "{out}/serving.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
              command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-p",
