@@ -86,7 +86,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              shapes=LLAMA_SHAPES, ms=(1, 4, 16), dtypes=("int4", "int3"),
              methods=("graph",), neighbours=10),
     Scenario("serving-loop", "serving",
-             "a decode loop (one CUDA graph per step) of a random Llama-3-8B, fp16 and int4/int3/int2, batch 1 and 16, 128 new tokens",
+             "a decode loop (one CUDA graph per step) of a random Llama-3-8B, fp16 and "
+             "int4/int3/int2, batch 1 and 16, 128 new tokens",
              command=("{python}", "-m", "lowvm.serving", "--config", "llama3-8b",
                       "--dtype", "int4,int3,int2", "--batch-sizes", "1,16",
                       "--modes", "loop", "--new-tokens", "128",
