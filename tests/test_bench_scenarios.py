@@ -99,7 +99,8 @@ def test_schedules_plan_lists_the_choice_and_its_neighbours(capsys):
 
 @pytest.mark.parametrize("name, needle", [
     ("serving-loop", "-m lowvm.serving --config llama3-8b --dtype int4,int3,int2 "
-                     "--batch-sizes 1,16 --modes loop --new-tokens 128 --json <scratch>/serving.json"),
+                     "--batch-sizes 1,16 --modes loop --new-tokens 128 "
+                     "--json <scratch>/serving.json"),
     ("gpu-suite", "-m pytest -m gpu"),
     ("sanitizers", "compute-sanitizer --tool memcheck"),
 ])
