@@ -15,7 +15,7 @@ from lowvm.layouts import column_spatial, spatial
 from lowvm.passes import PIPELINE
 from lowvm.passes.layout_inference import infer_layouts
 from lowvm.passes.verify import verify
-from tests.programs import EXAMPLES
+from tests.helpers.programs import EXAMPLES
 
 
 def _line_of(fn, needle: str) -> int:

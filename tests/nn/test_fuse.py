@@ -42,7 +42,7 @@ from lowvm.serving import cli as serving_cli
 from lowvm.serving.decode_loop import DecodeLoop
 from lowvm.serving.generation import prompts
 from lowvm.serving.models import init_random, quantized_copy, random_config
-from tests.test_nn_model import tiny_llama
+from tests.helpers.models import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 

@@ -22,7 +22,7 @@ from lowvm.passes.layout_inference import (
     mma_candidates,
     view_layout,
 )
-from tests.programs import EXAMPLES
+from tests.helpers.programs import EXAMPLES
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -465,7 +465,7 @@ def test_view_of_a_strided_run_is_refused_with_the_line():
 def test_readme_program_without_layouts_runs():
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "README.md"
     section = readme.read_text().split("### Leaving layouts out", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert not any(word in code for word in ("layout=", "vm.spatial", "vm.local", "mma_layouts"))

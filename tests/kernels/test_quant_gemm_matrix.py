@@ -16,18 +16,11 @@ import numpy as np
 import pytest
 
 import lowvm
-from lowvm.dtypes import decode
 from lowvm.kernels.library import fits_float16, prepare_weight, quant_linear, quantize_to_codes
+from tests.helpers.gemm import float64_reference
 
 TYPES = [t.name for t in lowvm.dtypes.all_dtypes() if t.nbits <= 8 and t.name != "int1"]
 N, K = 128, 512
-
-
-def _reference(x, codes, scales, wtype, group, zeros=None):
-    w = decode(codes, lowvm.dtype(wtype)).astype(np.float64)
-    if zeros is not None:
-        w = w - np.repeat(zeros.T.astype(np.float64), group, 1)
-    return x.astype(np.float64) @ (w * np.repeat(scales.T.astype(np.float64), group, 1)).T
 
 
 def _check(x, qw, ref, wtype, what):
@@ -55,7 +48,7 @@ def test_gpu_every_type_group_and_activation_type(wtype):
         qw = prepare_weight(codes, scales, wtype, group)
         for m in ((7, 37) if group == 128 else (7,)):
             x = rng.standard_normal((m, K)).astype(np.float16)
-            _check(x, qw, _reference(x, codes, scales, wtype, group), wtype, (group, m))
+            _check(x, qw, float64_reference(x, codes, scales, wtype, group), wtype, (group, m))
 
 
 @pytest.mark.gpu
@@ -68,4 +61,4 @@ def test_gpu_zero_points_for_every_unsigned_type(wtype):
     zeros = rng.integers(0, 1 << wt.nbits, (K // group, N)).astype(np.float16)
     qw = prepare_weight(codes, scales, wtype, group, zeros=zeros)
     x = rng.standard_normal((7, K)).astype(np.float16)
-    _check(x, qw, _reference(x, codes, scales, wtype, group, zeros), wtype, "zero points")
+    _check(x, qw, float64_reference(x, codes, scales, wtype, group, zeros), wtype, "zero points")

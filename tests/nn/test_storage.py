@@ -19,7 +19,7 @@ from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights
 from lowvm.nn.errors import QuantizationError, WeightFormatError
 from lowvm.nn.packing import pack_rows
 from lowvm.nn.quant_linear import QuantLinear
-from tests.test_nn_model import tiny_llama
+from tests.helpers.models import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 

@@ -9,7 +9,7 @@ import torch
 
 import lowvm
 from lowvm.nn.quant_linear import QuantLinear
-from tests.test_nn_model import tiny_llama
+from tests.helpers.models import tiny_llama
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")]

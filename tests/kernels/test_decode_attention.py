@@ -17,7 +17,7 @@ from lowvm.kernels.decode_attention import (
     decode_attention_rope_bf16,
 )
 from lowvm.nn import attention as attn
-from tests.greedy import assert_same_greedy_up_to_ties
+from tests.helpers.greedy import assert_same_greedy_up_to_ties
 
 
 def _inputs(rng, batch, kv_heads, group, dim, length, keep):

@@ -23,7 +23,7 @@ from lowvm.codegen.thread_offsets import Relation, relation, swizzled_offsets
 from lowvm.instructions.plans import CpAsyncPlan, LdmatrixPlan
 from lowvm.layouts import shared_row_major, swizzle_128b
 from lowvm.passes import run_passes
-from tests.programs import EXAMPLES
+from tests.helpers.programs import EXAMPLES
 
 _SIZES = {"__half": 2, "__nv_bfloat16": 2, "float": 4, "lowvm_u8": 1, "lowvm_i8": 1,
           "int": 4}

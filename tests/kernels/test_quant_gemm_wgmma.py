@@ -13,7 +13,7 @@ from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights
 from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE, quant_gemm_wgmma, quant_gemm_wgmma_bf16
 from lowvm.passes import run_passes
 from lowvm.passes.instruction_selection import WgmmaPlan
-from tests.test_quant_gemm_prefill import _counters, _reference, _rel, _weights
+from tests.helpers.gemm import float64_reference, random_weights, relative_error, split_k_counters
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -36,10 +36,10 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
          gpu=False):
     rng = np.random.default_rng(seed)
     wt = lowvm.dtype(wtype)
-    codes, scales, zeros = _weights(rng, wt, n, k, g, zero_point)
+    codes, scales, zeros = random_weights(rng, wt, n, k, g, zero_point)
     packed = repack_weights(codes, wt, GemmSchedule(bk=min(128, g)))
     x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, wt, g, zeros)
+    ref = float64_reference(x, codes, scales, wt, g, zeros)
     cast, program = np.float16, quant_gemm_wgmma
     if bf16:
         import ml_dtypes
@@ -50,7 +50,7 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
     args = (x.astype(cast), packed, scales.astype(cast), zs.astype(cast))
     y = np.full((m, n), np.nan, cast)
     ws = np.zeros((m, n), np.float32)
-    lowvm.interpret(program.build(**consts), m, n, k, *args, y, ws, _counters(m, n))
+    lowvm.interpret(program.build(**consts), m, n, k, *args, y, ws, split_k_counters(m, n))
     if schedule.split > 1:
         assert not ws.any()
     if not gpu:
@@ -64,7 +64,7 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
     out = torch.empty((m, n), dtype=dt, device="cuda")
     lowvm.compile(program, **consts)(m, n, k, *t, out,
                                      torch.zeros((m, n), dtype=torch.float32, device="cuda"),
-                                     torch.from_numpy(_counters(m, n)).cuda())
+                                     torch.from_numpy(split_k_counters(m, n)).cuda())
     torch.cuda.synchronize()
     return y, ref, out.float().cpu().numpy()
 
@@ -75,7 +75,7 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
     ("int8", "default"), ("int2", "wg1_bm64_split2_pf2"), ("int4", "bm128_pf2")])
 def test_interpreter_matches_float64(wtype, sched):
     y, ref = _run(wtype, 37, SCHEDULES[sched])
-    assert _rel(y, ref) < 2e-3
+    assert relative_error(y, ref) < 2e-3
 
 
 @pytest.mark.parametrize("wtype,m,zp", [("int4", 13, False), ("uint4", 9, True),
@@ -83,17 +83,17 @@ def test_interpreter_matches_float64(wtype, sched):
 def test_decode_schedule_in_the_interpreter(wtype, m, zp):
     """choose_wgmma_schedule's pick below M = 17: 16-row x tiles, split 4, prefetch 2."""
     y, ref = _run(wtype, m, SCHEDULES["decode_bm16_split4_pf2"], zero_point=zp, k=1024)
-    assert _rel(y, ref) < 2e-3
+    assert relative_error(y, ref) < 2e-3
 
 
 def test_zero_points_bfloat16_and_group_64_in_the_interpreter():
     y, ref = _run("uint4", 37, WGMMA_SCHEDULE, zero_point=True)
-    assert _rel(y, ref) < 2e-3
+    assert relative_error(y, ref) < 2e-3
     y, ref = _run("uint4", 21, WGMMA_SCHEDULE, zero_point=True, bf16=True)
-    assert _rel(y.astype(np.float64), ref) < 2e-2
+    assert relative_error(y.astype(np.float64), ref) < 2e-2
     s = GemmSchedule(bm=64, bn=128, bk=64, warps_m=8, warps_n=1, stages=2)
     y, ref = _run("int4", 37, s, g=64)
-    assert _rel(y, ref) < 2e-3
+    assert relative_error(y, ref) < 2e-3
 
 
 @pytest.mark.parametrize("sched", sorted(SCHEDULES))
@@ -153,7 +153,7 @@ def test_gpu_matches_interpreter_and_float64(wtype, sched, m, zp, bf16):
         pytest.skip("wgmma needs sm_90a (H100/H200)")
     y, ref, out = _run(wtype, m, SCHEDULES[sched], zero_point=zp, bf16=bf16, gpu=True)
     tol = 2e-2 if bf16 else 2e-3
-    assert _rel(out, ref) < tol
+    assert relative_error(out, ref) < tol
     np.testing.assert_allclose(out, np.asarray(y, np.float32), rtol=2e-2, atol=2e-2)
 
 
@@ -236,5 +236,5 @@ def test_quant_linear_runs_wgmma_on_sm90(m, dtype, n, k):
     y = quant_linear(x, qw)
     torch.cuda.synchronize()
     assert len([key for key in dispatch._PLANS if key[0] == dispatch.WGMMA]) == before + 1
-    ref = _reference(x.float().cpu().numpy(), codes, scales, lowvm.int4, 128)
-    assert _rel(y.float().cpu().numpy(), ref) < (2e-2 if dtype == "bfloat16" else 2e-3)
+    ref = float64_reference(x.float().cpu().numpy(), codes, scales, lowvm.int4, 128)
+    assert relative_error(y.float().cpu().numpy(), ref) < (2e-2 if dtype == "bfloat16" else 2e-3)

@@ -11,7 +11,7 @@ import lowvm
 from lowvm.kernels.quant_gemm import quant_gemm
 from lowvm.nn import backend
 from lowvm.nn.quant_linear import QuantLinear
-from tests.test_nn_model import tiny_llama
+from tests.helpers.models import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import lowvm
-from lowvm.dtypes import decode
 from lowvm.ir import ProgramError
 from lowvm.kernels.library import WEIGHT_BN, WEIGHT_WARPS_N, quantize_to_codes
 from lowvm.kernels.quant_gemm import (
@@ -24,21 +23,9 @@ from lowvm.kernels.quant_gemm_prefill import (
     quant_gemm_prefill_bf16,
 )
 from lowvm.layouts import local_permutation
+from tests.helpers.gemm import float64_reference, random_weights, relative_error, split_k_counters
 
 FORMAT = GemmSchedule(bk=128)  # the repacked format prepare_weight makes for group 128
-
-
-def _reference(x, codes, scales, wtype, group, zeros=None):
-    wt = lowvm.dtype(wtype)
-    q = decode(codes, wt).astype(np.float64)
-    if zeros is not None:
-        q = q - np.repeat(zeros.T.astype(np.float64), group, 1)
-    w = q * np.repeat(scales.T.astype(np.float64), group, 1)
-    return x.astype(np.float64) @ w.T
-
-
-def _rel(out, ref):
-    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
 def test_format_constants_match_the_library():
@@ -79,25 +66,14 @@ def test_uneven_splits_are_program_errors():
         prefill_layouts(lowvm.int4, 96, 128, 128)
 
 
-def _weights(rng, wt, n, k, g, zero_point):
-    """Codes [n, k], scales [k/g, n] and zeros (codes of the zero point, or None)."""
-    if zero_point:
-        codes = rng.integers(0, 2 ** wt.nbits, size=(n, k)).astype(np.uint8)
-        scales = (rng.random((k // g, n)) / 8 + 0.01).astype(np.float16)
-        zeros = rng.integers(0, 2 ** wt.nbits, size=(k // g, n)).astype(np.float16)
-        return codes, scales, zeros
-    codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wt, g)
-    return codes, scales, None
-
-
 def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=2):
     rng = np.random.default_rng(seed)
     n, k, g = 128, 512, 128
     wt = lowvm.dtype(wtype)
-    codes, scales, zeros = _weights(rng, wt, n, k, g, zero_point)
+    codes, scales, zeros = random_weights(rng, wt, n, k, g, zero_point)
     packed = repack_weights(codes, wt, FORMAT)
     x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, wt, g, zeros)
+    ref = float64_reference(x, codes, scales, wt, g, zeros)
     cast = np.float16
     program = quant_gemm_prefill
     if bf16:
@@ -110,15 +86,10 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=2):
     lowvm.interpret(program.build(wtype=wt, group=g, zero_point=zero_point,
                                   **schedule.constants()),
                     m, n, k, x.astype(cast), packed, scales.astype(cast), zs.astype(cast),
-                    y, ws, _counters(m, n))
+                    y, ws, split_k_counters(m, n))
     if schedule.split > 1:  # the last block of each tile left the workspace cleared
         assert not ws.any()
     return y, ref
-
-
-def _counters(m, n):
-    """Split-K arrival counters, one per 16 x 64 output tile (a bound for any schedule)."""
-    return np.zeros(-(-m // 16) * -(-n // 64), np.int32)
 
 
 _S = GemmSchedule
@@ -140,13 +111,13 @@ SCHEDULES = {
     ("int8", "default"), ("int8", "bn64_4x4"), ("int2", "bn64_4x4")])
 def test_interpreter_matches_float64(wtype, sched):
     y, ref = _run(wtype, 37, SCHEDULES[sched])
-    assert _rel(y, ref) < 2e-3
+    assert relative_error(y, ref) < 2e-3
 
 
 @pytest.mark.parametrize("sched", ["default", "bn64_4x4"])
 def test_zero_points_in_the_interpreter(sched):
     y, ref = _run("uint4", 37, SCHEDULES[sched], zero_point=True)
-    assert _rel(y, ref) < 2e-3
+    assert relative_error(y, ref) < 2e-3
 
 
 def test_group_64_uses_bk_64():
@@ -158,13 +129,13 @@ def test_group_64_uses_bk_64():
     y = np.full((m, n), np.nan, np.float16)
     lowvm.interpret(quant_gemm_prefill.build(wtype=lowvm.int4, group=g, bk=64),
                     m, n, k, x, packed, scales, scales, y, np.zeros((m, n), np.float32),
-                    _counters(m, n))
-    assert _rel(y, _reference(x, codes, scales, "int4", g)) < 2e-3
+                    split_k_counters(m, n))
+    assert relative_error(y, float64_reference(x, codes, scales, "int4", g)) < 2e-3
 
 
 def test_bfloat16_in_the_interpreter():
     y, ref = _run("uint4", 37, PREFILL_SCHEDULE, zero_point=True, bf16=True)
-    assert _rel(y.astype(np.float64), ref) < 2e-2
+    assert relative_error(y.astype(np.float64), ref) < 2e-2
 
 
 def test_a_wrong_value_layout_gives_a_wrong_answer():
@@ -178,8 +149,8 @@ def test_a_wrong_value_layout_gives_a_wrong_answer():
     y = np.zeros((m, n), np.float16)
     lowvm.interpret(quant_gemm_prefill.build(wtype=lowvm.int4, group=g),
                     m, n, k, x, packed, scales, scales, y, np.zeros((m, n), np.float32),
-                    _counters(m, n))
-    assert _rel(y, _reference(x, codes, scales, "int4", g)) > 0.5
+                    split_k_counters(m, n))
+    assert relative_error(y, float64_reference(x, codes, scales, "int4", g)) > 0.5
 
 
 def test_selected_instructions():
@@ -228,16 +199,16 @@ def _gpu_check(wtype, m, schedule, zero_point=False, n=256, k=1024):
     rng = np.random.default_rng(7)
     g = 128
     wt = lowvm.dtype(wtype)
-    codes, scales, zeros = _weights(rng, wt, n, k, g, zero_point)
+    codes, scales, zeros = random_weights(rng, wt, n, k, g, zero_point)
     qw = prepare_weight(codes, scales, wt, g, zeros=zeros)
     x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, wt, g, zeros)
+    ref = float64_reference(x, codes, scales, wt, g, zeros)
     xt = torch.from_numpy(x).cuda()
     for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
         y = prefill_quant_linear(xt.to(dtype), qw, schedule)
         torch.cuda.synchronize()
         assert y.dtype == dtype
-        assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, dtype)
+        assert relative_error(y.double().cpu().numpy(), ref) < tol, (wtype, m, dtype)
 
 
 @pytest.mark.gpu

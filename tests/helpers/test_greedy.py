@@ -1,11 +1,11 @@
-"""The tie-aware greedy comparison the GPU generation tests use (tests/greedy.py)."""
+"""The tie-aware greedy comparison the GPU generation tests use (tests/helpers/greedy.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.greedy import assert_same_greedy_up_to_ties
+from tests.helpers.greedy import assert_same_greedy_up_to_ties
 
 
 class _FixedScores(torch.nn.Module):

@@ -27,7 +27,7 @@ from lowvm.bench.gemlite_baseline import (
 )
 from lowvm.dtypes import dtype
 
-SHIPPED_H100 = (Path(__file__).resolve().parent.parent / ".carry" / "gemlite_src"
+SHIPPED_H100 = (Path(__file__).resolve().parents[2] / ".carry" / "gemlite_src"
                 / "gemlite" / "configs" / "h100.json")
 
 

@@ -27,22 +27,10 @@ from lowvm.kernels.quant_gemm import (
     repack_weights,
     unpack_repacked,
 )
+from tests.helpers.gemm import float64_reference, relative_error, split_k_counters
 
 TYPES = ["int4", "uint4", "int3", "int2", "int8", "uint6", "float4_e2m1", "float6_e3m2",
          "float8_e4m3"]
-
-
-def _reference(x, codes, scales, wtype, group, zeros=None):
-    """float64 ``x @ ((q - zeros) * scales)^T`` (no zeros: ``q * scales``)."""
-    wt = lowvm.dtype(wtype)
-    w = decode(codes, wt).astype(np.float64)
-    if zeros is not None:
-        w = w - np.repeat(zeros.T.astype(np.float64), group, 1)
-    return x.astype(np.float64) @ (w * np.repeat(scales.T.astype(np.float64), group, 1)).T
-
-
-def _rel(out, ref):
-    return float(np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref))
 
 
 @pytest.mark.parametrize("wtype", TYPES)
@@ -87,7 +75,8 @@ def _interpret_gemm(wtype, sched: GemmSchedule, m: int, seed: int, k: int = 512,
     # split-K: the last block of each tile (or finish_split) wrote y and left the
     # workspace and the counters cleared
     assert not ws.any() and not counters.any()
-    return _rel(y, _reference(x, codes, scales, wtype, g, zeros if zero_point else None))
+    ref = float64_reference(x, codes, scales, wtype, g, zeros if zero_point else None)
+    return relative_error(y, ref)
 
 
 @pytest.mark.parametrize("wtype,split,m,prefetch", [
@@ -302,11 +291,11 @@ def test_gpu_split_16_with_x_whole(m):
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), "int4", g)
     qw = prepare_weight(codes, scales, "int4", g)
     x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, "int4", g)
+    ref = float64_reference(x, codes, scales, "int4", g)
     for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
         y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw,
                          GemmSchedule(split=16, x_whole=128, x_rows=1))
-        assert _rel(y.double().cpu().numpy(), ref) < tol, dtype
+        assert relative_error(y.double().cpu().numpy(), ref) < tol, dtype
 
 
 def test_a_schedule_whose_x_whole_is_short_of_the_k_range_is_refused():
@@ -356,11 +345,11 @@ def test_unfused_split_k_in_the_interpreter():
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
     lowvm.interpret(quant_gemm.build(wtype=lowvm.int4, group=g, **sched.constants()),
-                    m, n, k, x, packed, scales, scales, y, ws, _counters(m, n))
+                    m, n, k, x, packed, scales, scales, y, ws, split_k_counters(m, n))
     assert np.isnan(y).all() and ws.any()  # the sums wait in ws for the epilogue
     lowvm.interpret(finish_split.build(), m * n, ws, y)
     assert not ws.any()
-    assert _rel(y, _reference(x, codes, scales, "int4", g)) < 2e-3
+    assert relative_error(y, float64_reference(x, codes, scales, "int4", g)) < 2e-3
 
 
 @pytest.mark.parametrize("wtype,bn,split,prefetch,m", [
@@ -380,12 +369,7 @@ def test_narrow_blocks_read_the_format_in_the_interpreter(wtype, bn, split, pref
     lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
                     m, n, k, x, packed, scales, scales, y, ws, counters)
     assert not ws.any() and not counters.any()
-    assert _rel(y, _reference(x, codes, scales, wtype, g)) < 2e-3
-
-
-def _counters(m, n):
-    """Split-K arrival counters, one per 16 x 64 output tile."""
-    return np.zeros(-(-m // 16) * -(-n // 64), np.int32)
+    assert relative_error(y, float64_reference(x, codes, scales, wtype, g)) < 2e-3
 
 
 @pytest.mark.parametrize("wtype,split,m,stages,zero_point", [
@@ -405,9 +389,10 @@ def test_staged_weights_in_the_interpreter(wtype, split, m, stages, zero_point):
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
     program = quant_gemm.build(wtype=wt, group=g, zero_point=zero_point, **sched.constants())
-    lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws, _counters(m, n))
+    lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws, split_k_counters(m, n))
     assert not ws.any()
-    assert _rel(y, _reference(x, codes, scales, wtype, g, zeros if zero_point else None)) < 2e-3
+    ref = float64_reference(x, codes, scales, wtype, g, zeros if zero_point else None)
+    assert relative_error(y, ref) < 2e-3
 
 
 def test_zero_points_and_bfloat16_in_the_interpreter():
@@ -425,14 +410,14 @@ def test_zero_points_and_bfloat16_in_the_interpreter():
     y = np.zeros((m, n), np.float16)
     lowvm.interpret(quant_gemm.build(wtype=lowvm.uint4, group=g, zero_point=True),
                     m, n, k, x, packed, scales, zeros, y, np.zeros((m, n), np.float32),
-                    _counters(m, n))
-    assert _rel(y, ref) < 2e-3
+                    split_k_counters(m, n))
+    assert relative_error(y, ref) < 2e-3
     bf = ml_dtypes.bfloat16
     yb = np.zeros((m, n), bf)
     lowvm.interpret(quant_gemm_bf16.build(wtype=lowvm.uint4, group=g, zero_point=True),
                     m, n, k, x.astype(bf), packed, scales.astype(bf), zeros.astype(bf), yb,
-                    np.zeros((m, n), np.float32), _counters(m, n))
-    assert _rel(yb.astype(np.float64), ref) < 2e-2
+                    np.zeros((m, n), np.float32), split_k_counters(m, n))
+    assert relative_error(yb.astype(np.float64), ref) < 2e-2
 
 
 def test_schedule_fills_the_gpu_for_small_n():
@@ -477,7 +462,7 @@ def test_gpu_zero_points_and_bfloat16(m):
     for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
         y = quant_linear(x.to(dtype), qw)
         assert y.dtype == dtype
-        assert _rel(y.double().cpu().numpy(), ref) < tol, dtype
+        assert relative_error(y.double().cpu().numpy(), ref) < tol, dtype
 
 
 @pytest.mark.gpu
@@ -491,12 +476,12 @@ def test_gpu_matches_float64(wtype, m):
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
     qw = prepare_weight(codes, scales, wtype, g)
     x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, wtype, g)
+    ref = float64_reference(x, codes, scales, wtype, g)
     for split, prefetch in ((1, 1), (2, 4 if m <= 16 else 1), (4, 2)):
         s = choose_schedule(m, n, k, qw.bk).resplit(k, split=split, prefetch=prefetch)
         y = quant_linear(torch.from_numpy(x).cuda(), qw, s)
         torch.cuda.synchronize()
-        assert _rel(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
+        assert relative_error(y.cpu().numpy(), ref) < 2e-3, (wtype, m, split)
 
 
 def _check_schedules_on_gpu(wtype, m, seed, schedules):
@@ -509,14 +494,14 @@ def _check_schedules_on_gpu(wtype, m, seed, schedules):
     codes, scales = quantize_to_codes(rng.standard_normal((n, k)), wtype, g)
     qw = prepare_weight(codes, scales, wtype, g)
     x = rng.standard_normal((m, k)).astype(np.float16)
-    ref = _reference(x, codes, scales, wtype, g)
+    ref = float64_reference(x, codes, scales, wtype, g)
     for s in schedules(qw):
         for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
             if dtype == torch.float16 and not fits_float16(qw.wtype):
                 continue
             y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw, s)
             torch.cuda.synchronize()
-            assert _rel(y.double().cpu().numpy(), ref) < tol, (wtype, m, s, dtype)
+            assert relative_error(y.double().cpu().numpy(), ref) < tol, (wtype, m, s, dtype)
 
 
 @pytest.mark.gpu
@@ -596,11 +581,11 @@ def test_gpu_groups_and_activation_types(group, wtype):
     qw = prepare_weight(codes, scales, wtype, group)
     for m in (1, 37, 300):
         x = rng.standard_normal((m, k)).astype(np.float16)
-        ref = _reference(x, codes, scales, wtype, group)
+        ref = float64_reference(x, codes, scales, wtype, group)
         for dtype, tol in ((torch.float16, 2e-3), (torch.bfloat16, 2e-2)):
             y = quant_linear(torch.from_numpy(x).cuda().to(dtype), qw)
             assert y.dtype == dtype
-            assert _rel(y.double().cpu().numpy(), ref) < tol, (m, dtype)
+            assert relative_error(y.double().cpu().numpy(), ref) < tol, (m, dtype)
 
 
 _LOW_BIT = [t.name for t in lowvm.dtypes.all_dtypes() if t.nbits <= 8 and t.name != "int1"]
@@ -619,7 +604,7 @@ def test_interpreter_every_type_group_and_activation_type(wtype):
         sched = GemmSchedule(bk=bk)
         packed = repack_weights(codes, wtype, sched)
         x = rng.standard_normal((m, k)).astype(np.float16)
-        ref = _reference(x, codes, scales, wtype, group)
+        ref = float64_reference(x, codes, scales, wtype, group)
         if not np.linalg.norm(ref):
             continue  # e.g. uint1 codes of an all-negative group: nothing to compare
         kernels = [(quant_gemm_bf16, ml_dtypes.bfloat16, 2e-2)]
@@ -631,8 +616,8 @@ def test_interpreter_every_type_group_and_activation_type(wtype):
                                           **sched.constants()),
                             m, n, k, x.astype(adt), packed, scales.astype(adt),
                             scales.astype(adt), y, np.zeros((m, n), np.float32),
-                            _counters(m, n))
-            assert _rel(y.astype(np.float64), ref) < tol, (group, adt)
+                            split_k_counters(m, n))
+            assert relative_error(y.astype(np.float64), ref) < tol, (group, adt)
 
 
 def test_float16_activations_are_refused_for_types_beyond_float16():
@@ -770,9 +755,9 @@ def test_gpu_split_k_in_graphs_replayed_in_any_order_and_buffers_left_clean():
     qw = prepare_weight(codes, scales, "int4", g)
     xs = {m: torch.randn(m, k, device="cuda", dtype=torch.float16) for m in (1, 40)}
     assert all(choose_schedule(m, n, k, qw.bk).split > 1 for m in xs)
-    refs = {m: _reference(x.cpu().numpy(), codes, scales, "int4", g) for m, x in xs.items()}
+    refs = {m: float64_reference(x.cpu().numpy(), codes, scales, "int4", g) for m, x in xs.items()}
     for m, x in xs.items():  # eager first: compiles, and the per-stream pair is cleaned
-        assert _rel(quant_linear(x, qw).cpu().numpy(), refs[m]) < 2e-3
+        assert relative_error(quant_linear(x, qw).cpu().numpy(), refs[m]) < 2e-3
     torch.cuda.synchronize()
     assert all(not ws.any() and not c.any() for ws, c in workspaces._SPLIT.values())
     graphs, outs = {}, {}
@@ -784,7 +769,7 @@ def test_gpu_split_k_in_graphs_replayed_in_any_order_and_buffers_left_clean():
         for m in (40, 1):  # the second graph first
             graphs[m].replay()
             torch.cuda.synchronize()
-            assert _rel(outs[m].cpu().numpy(), refs[m]) < 2e-3, m
+            assert relative_error(outs[m].cpu().numpy(), refs[m]) < 2e-3, m
 
 
 @pytest.mark.gpu

@@ -6,21 +6,14 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 import lowvm
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.quant_linear import QuantLinear
+from tests.helpers.models import tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
-
-
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float16, tie: bool = False):
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=64, tie_word_embeddings=tie)
-    return LlamaForCausalLM(config).to(dtype).eval()
 
 
 def _generate(model, ids):

@@ -10,7 +10,7 @@ import lowvm.lang as vm
 from lowvm.codegen.shared_alloc import allocate_shared
 from lowvm.driver import generate_cuda
 from lowvm.errors import LowvmError
-from tests.programs import EXAMPLES
+from tests.helpers.programs import EXAMPLES
 
 #: measured exceptions, kept visible (strict xfail: the test fails once they are fixed)
 KNOWN_SPILLS = {("quant_gemm_int4_swap_ab", "sm_80"):
