@@ -262,6 +262,7 @@ def _fake_gemlite(monkeypatch, cache: dict[str, dict[str, Any]]) -> types.Module
     return gl
 
 
+@pytest.mark.slow
 def test_candidates_build_and_call_gemlite_as_recorded(monkeypatch):
     cache = _fake_cache()
     _fake_gemlite(monkeypatch, cache)

@@ -329,6 +329,7 @@ def _sections(text: str, marker: str, names: list[str], keep: list[str]) -> dict
     return {name: text[s:e] for (s, name), e in zip(starts, ends) if name in keep}
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_compiles_without_spills_or_conversions(arch, tmp_path):

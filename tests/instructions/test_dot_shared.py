@@ -175,13 +175,13 @@ def test_the_planner_names_a_wgmma_schedule_it_refuses():
     """wgmma_quant_linear's planner raises before any GPU work, naming the value."""
     from types import SimpleNamespace
 
-    from lowvm.kernels.dispatch import _wgmma_plan
+    from lowvm.kernels.dispatch import WGMMA, plan
     from lowvm.kernels.gemm_schedule import GemmSchedule
 
     weight = SimpleNamespace(n=4096, k=4096, bk=128, wtype=lowvm.int4, group=128)
     s = GemmSchedule(bm=100, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
     with pytest.raises(lowvm.LowvmError, match="bm=100 rows of x: accepted a multiple of 8"):
-        _wgmma_plan(64, weight, False, False, s)
+        plan(WGMMA, 64, weight, False, False, s)
 
 
 @needs_nvcc

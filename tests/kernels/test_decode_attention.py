@@ -295,6 +295,7 @@ def _tiny_fused(attn_impl="sdpa"):
     return model
 
 
+@pytest.mark.slow
 def test_fused_static_decode_steps_run_the_rope_op(monkeypatch):
     """A fused model on lowvm attention: with a static cache, each decode step of each
     layer is one decode_attention_rope call (rotary + cache write + attention); greedy
@@ -482,6 +483,7 @@ def test_rope_program_writes_nothing_when_the_cache_is_full():
     assert np.array_equal(k, k_before) and np.array_equal(v, v_before)
 
 
+@pytest.mark.slow
 def test_fused_step_broadcasts_position_embeddings_and_skips_offloaded_caches(monkeypatch):
     """Without position_ids transformers builds cos/sin of batch 1 for any batch; an
     offloaded static cache moves layers in update(), which the fused step would skip."""

@@ -168,6 +168,7 @@ def test_selected_instructions():
     assert all(i.startswith("cp.async") for i in impls["copy_async"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("wtype,sched", [("int4", "default"), ("int4", "bn64_4x4"),
                                          ("float6_e3m2", "default")])

@@ -69,6 +69,7 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
     return y, ref, out.float().cpu().numpy()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wtype,sched", [
     ("int4", "default"), ("int4", "bn256_bm128"), ("int4", "wg1_bm64_split2_pf2"),
     ("int4", "bm40_unstaged"), ("int3", "default"), ("float6_e3m2", "bn256_bm128"),
@@ -86,6 +87,7 @@ def test_decode_schedule_in_the_interpreter(wtype, m, zp):
     assert relative_error(y, ref) < 2e-3
 
 
+@pytest.mark.slow
 def test_zero_points_bfloat16_and_group_64_in_the_interpreter():
     y, ref = _run("uint4", 37, WGMMA_SCHEDULE, zero_point=True)
     assert relative_error(y, ref) < 2e-3
@@ -105,6 +107,7 @@ def test_every_dot_is_a_wgmma(sched):
     assert generate_cuda(quant_gemm_wgmma.build(**consts)).needs_sm90a
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("wtype,sched", [("int4", "default"), ("int4", "bn256_bm128"),
                                          ("int3", "default"), ("int8", "default")])
@@ -125,6 +128,7 @@ LIBRARY_KINDS = {"256-row x tiles": dict(),
                                                 stages=2, prefetch=2)}
 
 
+@pytest.mark.slow
 @needs_nvcc
 @pytest.mark.parametrize("kind", sorted(LIBRARY_KINDS))
 @pytest.mark.parametrize("wtype", ["int2", "int3", "uint4", "float6_e3m2", "float8_e4m3"])

@@ -39,6 +39,7 @@ def test_compile_fullgraph_layer(backend_name):
     assert torch.equal(compiled(x), layer(x))
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_model():
     torch._dynamo.reset()
     model = tiny_llama()

@@ -189,6 +189,7 @@ def test_fused_mlp_takes_only_a_quantized_gate_up_of_twice_the_width():
 # fuse_projections on a tiny Llama
 
 
+@pytest.mark.slow
 def test_fused_llama_logits_state_dict_and_memory():
     model = _quantized(tiny_llama())
     unfused = copy.deepcopy(model)
@@ -241,6 +242,7 @@ def test_inspect_signature_is_the_hf_forwards():
         inspect.signature(cls.forward.__get__(model.model.layers[0].self_attn))
 
 
+@pytest.mark.slow
 def test_fuse_is_idempotent_and_a_second_call_changes_nothing():
     model = _quantized(tiny_llama())
     _fuse_all(model)
@@ -254,6 +256,7 @@ def test_fuse_is_idempotent_and_a_second_call_changes_nothing():
     assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
 
 
+@pytest.mark.slow
 def test_load_unfused_state_dict_into_fused_model():
     source = _quantized(tiny_llama(seed=0))
     target = _quantized(tiny_llama(seed=5))
@@ -285,6 +288,7 @@ def test_load_refuses_a_wrong_format_record_and_wrong_shapes():
     assert "model.layers.0.self_attn.qkv_proj.qweight" in result.missing_keys
 
 
+@pytest.mark.slow
 def test_save_pretrained_writes_the_unfused_checkpoint(tmp_path):
     unfused, fused = _pair(_quantized(tiny_llama()))
     unfused.save_pretrained(tmp_path / "unfused")
@@ -305,6 +309,7 @@ def test_save_pretrained_writes_the_unfused_checkpoint(tmp_path):
     _close(_logits(from_fused, ids), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", [None, "static"])
 def test_greedy_generation_same_tokens(cache):
     unfused, fused = _pair(_quantized(tiny_llama()))
@@ -315,6 +320,7 @@ def test_greedy_generation_same_tokens(cache):
     assert torch.equal(_generate(fused, ids, **kw), tokens)
 
 
+@pytest.mark.slow
 def test_compile_fullgraph_of_the_fused_model():
     torch._dynamo.reset()
     _, fused = _pair(_quantized(tiny_llama()))
@@ -488,6 +494,7 @@ def test_mixed_formats_are_skipped():
 # the serving measurement (python -m lowvm.serving)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flag", [[], ["--no-fuse"]])
 def test_serving_fuse_option(tmp_path, flag):
     out = tmp_path / "result.json"

@@ -196,6 +196,7 @@ def run_serving(*args: str) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_cli_loop_rows_beside_eager_and_graphs(tmp_path, capsys):
     """All three modes on the CPU (graphs and the loop's step compiled with the eager
     backend): the same greedy tokens, timed the same way, compared in the JSON."""

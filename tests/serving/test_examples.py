@@ -30,6 +30,7 @@ def run_serving(*args: str) -> None:
         torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_quantize_and_generate_tiny(tmp_path, capsys):
     out = tmp_path / "result.json"
     run_serving("--dtype", "int4", "--group-size", "64", "--new-tokens", "3",
@@ -64,6 +65,7 @@ def test_quantize_and_generate_tiny(tmp_path, capsys):
     assert f"{want:7.2f}" in int4_b2  # speed-up over float16 at the same batch and mode
 
 
+@pytest.mark.slow
 def test_graphs_mode_plumbing_on_cpu(tmp_path):
     """Static cache + the forward transformers compiles (eager backend: no CUDA here) gives
     the eager path's greedy tokens, without graph breaks through the lowvm custom op."""
@@ -205,6 +207,7 @@ def test_custom_program_compiles_for_sm80():
     assert "__global__" in kernel_source
 
 
+@pytest.mark.slow
 def test_quantize_and_generate_example(capsys):
     """The user example (CI runs it with no arguments): quantize, generate, time, table."""
     from serving_examples import quantize_and_generate

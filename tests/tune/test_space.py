@@ -32,6 +32,7 @@ def _build(s: GemmSchedule, group: int) -> None:
     generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=group, **s.constants()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m, group, every", [(1, 128, 1), (4, 128, 1), (1, 64, 2),
                                              (32, 128, 4), (128, 128, 3)])
 def test_every_schedule_of_the_space_builds(m, group, every):
