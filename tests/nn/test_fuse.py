@@ -517,6 +517,7 @@ def test_serving_fuse_option(tmp_path, flag):
     assert loop["leading_tokens_equal"]["eager"] == 6  # the loop's tokens are generate's
 
 
+@pytest.mark.slow
 def test_serving_loop_compiled_step_of_the_fused_model():
     """The decode loop's step (static cache, fullgraph) compiles in one graph with the fused
     attention and gives the unfused model's tokens."""
