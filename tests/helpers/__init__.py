@@ -1,0 +1,1 @@
+"""Helpers the tests share: tests import these, never another test module."""
