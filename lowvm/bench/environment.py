@@ -8,6 +8,7 @@ git, no GPU, no NVRTC) records ``None`` instead of failing the run.
 from __future__ import annotations
 
 import datetime
+import os
 import platform
 import shlex
 import subprocess
@@ -16,11 +17,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENVIRONMENT_KEYS", "git_state", "command_line", "collect"]
+__all__ = ["ENVIRONMENT_KEYS", "COMMIT_VARIABLE", "git_state", "commit_state", "command_line",
+           "collect"]
 
 #: The keys of a document's ``environment`` object.
-ENVIRONMENT_KEYS = ("commit", "dirty", "gpu", "driver", "torch", "cuda", "nvrtc",
-                    "transformers", "python", "date", "command")
+ENVIRONMENT_KEYS = ("commit", "commit_source", "dirty", "gpu", "driver", "cuda_driver",
+                    "torch", "cuda", "nvrtc", "transformers", "python", "date", "command")
+
+#: Set to the commit a copied tree was made from, where the copy's git metadata is not
+#: that commit's (a working tree shipped to a GPU machine beside an older ``.git``)
+COMMIT_VARIABLE = "LOWVM_COMMIT"
 
 
 def _git(*args: str, cwd: Path) -> str | None:
@@ -41,6 +47,16 @@ def git_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None]:
         return None, None
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=where)
     return commit, None if status is None else bool(status)
+
+
+def commit_state(cwd: str | Path | None = None) -> tuple[str | None, bool | None, str]:
+    """``(commit, dirty, source)``: ``$LOWVM_COMMIT`` when set (source ``"LOWVM_COMMIT"``,
+    dirty unknown), else git's HEAD and status (source ``"git"``)."""
+    given = os.environ.get(COMMIT_VARIABLE, "").strip()
+    if given:
+        return given, None, COMMIT_VARIABLE
+    commit, dirty = git_state(cwd)
+    return commit, dirty, "git"
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -74,10 +90,30 @@ def _gpu() -> tuple[str | None, int | None]:
     return torch.cuda.get_device_name(), props.multi_processor_count
 
 
-def _driver() -> Any:
+def _cuda_driver() -> Any:
     from lowvm.runtime import driver_version
 
     return driver_version()
+
+
+def _driver_release() -> str | None:
+    """The NVIDIA driver's release (e.g. ``580.159.04``), from NVML or nvidia-smi."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        release = pynvml.nvmlSystemGetDriverVersion()
+        return release.decode() if isinstance(release, bytes) else str(release)
+    except Exception:  # no NVML binding: ask nvidia-smi
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.split()
+    return lines[0] if lines else None
 
 
 def _nvrtc() -> Any:
@@ -95,14 +131,16 @@ def _cuda() -> str | None:
 def collect(argv: list[str] | None = None, cwd: str | Path | None = None) -> dict[str, Any]:
     """The top-level fields of a document (``gpu``, ``date``, ``torch_version``,
     ``cuda_version``, ``sm_count``, ``driver``) and its ``environment`` object."""
-    commit, dirty = git_state(cwd)
+    commit, dirty, source = commit_state(cwd)
     gpu, sms = _probe(_gpu) or (None, None)
     date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     env = {
         "commit": commit,
+        "commit_source": source,
         "dirty": dirty,
         "gpu": gpu,
-        "driver": _probe(_driver),
+        "driver": _probe(_driver_release),
+        "cuda_driver": _probe(_cuda_driver),
         "torch": _version("torch"),
         "cuda": _probe(_cuda),
         "nvrtc": _probe(_nvrtc),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -20,11 +21,15 @@ from typing import Any
 from lowvm.bench.errors import BenchError
 from lowvm.bench.results import DEFAULT_ROOT, GEMM_KINDS, load
 
-__all__ = ["BEGIN", "END", "DEFAULT_DOC", "newest_results", "markdown_table",
-           "render_doc", "render", "splice", "main"]
+__all__ = ["BEGIN", "END", "SUMMARY_BEGIN", "SUMMARY_END", "DEFAULT_DOC", "DEFAULT_README",
+           "newest_results", "markdown_table", "render_doc", "render", "reproducing_command",
+           "summary", "splice", "main"]
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
+SUMMARY_BEGIN = "<!-- summary:begin -->"
+SUMMARY_END = "<!-- summary:end -->"
+DEFAULT_README = Path("README.md")
 DEFAULT_DOC = Path("docs/performance.md")
 _NEW_DOC = f"""# Performance
 
@@ -96,6 +101,34 @@ def _schedule_tables(doc: dict[str, Any]) -> list[str]:
                               "fastest µs", "chosen / fastest", "timed"], body)]
 
 
+def _serving_rows(doc: dict[str, Any]) -> list[list[Any]]:
+    """Model, batch, mode, decode tok/s, x float16, step ms, stored MiB and the median
+    per-layer error, one row per measurement of a serving-loop document."""
+    body = []
+    for run in doc.get("rows") or []:
+        models = run.get("models") or {}
+        fp16 = {(r["batch"], r["mode"]): r["decode_tokens_per_s"]
+                for r in run.get("speed", []) if r.get("model") == "float16"}
+        for r in run.get("speed", []):
+            base = fp16.get((r["batch"], r["mode"]))
+            info = models.get(r["model"], {})
+            stored = (info.get("weight_bytes") or {}).get("stored")
+            err = (info.get("quality") or {}).get("layer_rel_error_median")
+            body.append([r["model"], r["batch"], r["mode"], f"{r['decode_tokens_per_s']:.1f}",
+                         f"{r['decode_tokens_per_s'] / base:.2f}" if base else "",
+                         _us(r.get("forward_ms")) if r.get("forward_ms") else "",
+                         f"{stored / 2**20:.0f}" if stored else "",
+                         f"{err:.3f}" if err is not None else ""])
+    return body
+
+
+def _serving_tables(doc: dict[str, Any]) -> list[str]:
+    header = ["model", "batch", "mode", "decode tok/s", "x float16", "step ms",
+              "weights MiB", "layer rel. error"]
+    return [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**\n\n"
+            + markdown_table(header, _serving_rows(doc))]
+
+
 def _outcome_tables(doc: dict[str, Any]) -> list[str]:
     lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
     if doc.get("totals"):
@@ -111,7 +144,8 @@ def _outcome_tables(doc: dict[str, Any]) -> list[str]:
 def render_doc(doc: dict[str, Any], source: str = "") -> str:
     """One results document as a Markdown section headed by its command."""
     env = doc.get("environment") or {}
-    command = env.get("command") or f"python -m lowvm.bench {doc.get('scenario', '')}"
+    command = reproducing_command(env.get("command")
+                                  or f"python -m lowvm.bench {doc.get('scenario', '')}")
     commit = env.get("commit") or "unknown commit"
     if env.get("dirty"):
         commit += " (with uncommitted changes)"
@@ -121,12 +155,29 @@ def render_doc(doc: dict[str, Any], source: str = "") -> str:
         tables = _schedule_tables(doc)
     elif kind in GEMM_KINDS:
         tables = _gemm_tables(doc)
+    elif kind == "serving":
+        tables = _serving_tables(doc)
     else:
         tables = _outcome_tables(doc)
     head = f"### {doc.get('scenario', '?')}\n\n```\n{command}\n```\n\n{where}"
     if source:
         head += f" (`{source}`)"
     return "\n\n".join([head, *tables])
+
+
+def reproducing_command(command: str) -> str:
+    """``command`` without its ``--out`` (where that run wrote is not part of what it ran)."""
+    words = shlex.split(command)
+    kept = []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word == "--out":
+            skip = True
+        elif not word.startswith("--out="):
+            kept.append(word)
+    return " ".join(shlex.quote(w) for w in kept)
 
 
 def render(paths: Sequence[Path]) -> str:
@@ -136,13 +187,44 @@ def render(paths: Sequence[Path]) -> str:
     return "\n\n".join(render_doc(load(p), str(p)) for p in paths)
 
 
-def splice(text: str, generated: str) -> str:
-    """``text`` with what lies between the markers replaced by ``generated``."""
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        text = text.rstrip("\n") + f"\n\n{BEGIN}\n{END}\n"
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{generated}\n{END}{tail}"
+def summary(paths: Sequence[Path]) -> str:
+    """README's short table: decode GEMMs at M = 1 and 16 in a CUDA graph (lowvm, Marlin,
+    cuBLAS float16) and the serving loop's int4 speed-up, from the newest results."""
+    docs = {load(p).get("scenario"): (load(p), p) for p in paths}
+    parts = []
+    if "gemm-decode" in docs:
+        doc, path = docs["gemm-decode"]
+        cells: dict[tuple[int, int, int], dict[str, float]] = {}
+        for r in doc["rows"]:
+            if r.get("method") == "graph" and r["status"] == "ok" and r["m"] in (1, 16):
+                name = ("lowvm" if r["family"] == "lowvm" else "marlin"
+                        if r["kernel"].startswith("marlin") else r["kernel"])
+                cells.setdefault((r["k"], r["n"], r["m"]), {})[name] = r["median_us"]
+        body = [[f"{k}x{n}", m, _us(c.get("lowvm")), _us(c.get("marlin")),
+                 _us(c.get("cublas_fp16"))] for (k, n, m), c in sorted(cells.items())]
+        parts.append(f"int4 g128 GEMM, µs per call in a CUDA graph "
+                     f"(`{reproducing_command(doc['environment']['command'])}`, "
+                     f"{doc.get('gpu')}, [{path}]({path})):\n\n"
+                     + markdown_table(["K x N", "M", "lowvm", "Marlin", "cuBLAS fp16"], body))
+    if "serving-loop" in docs:
+        doc, path = docs["serving-loop"]
+        rows = [r for r in _serving_rows(doc) if r[0] != "float16"]
+        parts.append(f"Llama-3-8B shape, random weights, decode tokens/s "
+                     f"(`{reproducing_command(doc['environment']['command'])}`, "
+                     f"[{path}]({path})):\n\n"
+                     + markdown_table(["model", "batch", "mode", "decode tok/s", "x float16",
+                                       "step ms", "weights MiB", "layer rel. error"], rows))
+    return "\n\n".join(parts) or "No results yet."
+
+
+def splice(text: str, generated: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with what lies between the markers replaced by ``generated`` (the markers
+    appended first where they are missing)."""
+    if begin not in text or end not in text or text.index(begin) > text.index(end):
+        text = text.rstrip("\n") + f"\n\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{generated}\n{end}{tail}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,9 +234,14 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"results root (default {DEFAULT_ROOT})")
     parser.add_argument("--doc", default=str(DEFAULT_DOC),
                         help=f"the Markdown file to update (default {DEFAULT_DOC})")
+    parser.add_argument("--readme", default=str(DEFAULT_README),
+                        help="a file whose summary markers get the short table "
+                             f"(default {DEFAULT_README}; skipped where it has no markers)")
     opts = parser.parse_args(argv)
     try:
-        generated = render(newest_results(opts.results))
+        paths = newest_results(opts.results)
+        generated = render(paths)
+        short = summary(paths)
     except (BenchError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -163,4 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(splice(text, generated))
     print(f"updated {doc}")
+    readme = Path(opts.readme)
+    if readme.is_file() and SUMMARY_BEGIN in readme.read_text():
+        readme.write_text(splice(readme.read_text(), short, SUMMARY_BEGIN, SUMMARY_END))
+        print(f"updated {readme}")
     return 0

@@ -186,3 +186,65 @@ def test_serving_command_is_expanded_with_the_interpreter_and_scratch_folder(tmp
     cmd = commands.expand(SCENARIOS["serving-loop"].command, tmp_path)
     assert cmd[0] == sys.executable and cmd[1:3] == ["-m", "lowvm.serving"]
     assert cmd[-2:] == ["--json", f"{tmp_path}/serving.json"]
+
+
+def test_lowvm_commit_names_the_code_of_a_copied_tree(monkeypatch):
+    monkeypatch.setenv(environment.COMMIT_VARIABLE, "abc1234")
+    env = environment.collect(["gemm-decode"])["environment"]
+    assert (env["commit"], env["commit_source"], env["dirty"]) == ("abc1234", "LOWVM_COMMIT",
+                                                                   None)
+    monkeypatch.delenv(environment.COMMIT_VARIABLE)
+    assert environment.collect(["gemm-decode"])["environment"]["commit_source"] == "git"
+
+
+def test_reproducing_command_drops_where_the_run_wrote():
+    assert (report.reproducing_command("python -m lowvm.bench gemm-decode --out /x/y.json "
+                                       "--m 1") == "python -m lowvm.bench gemm-decode --m 1")
+    assert (report.reproducing_command("python -m lowvm.bench types --out=/x")
+            == "python -m lowvm.bench types")
+
+
+def _serving_doc() -> dict:
+    speed = [{"model": model, "batch": 1, "mode": "loop", "decode_tokens_per_s": tps,
+              "forward_ms": ms} for model, tps, ms in (("float16", 100.0, 7.0),
+                                                        ("int4", 260.0, 2.7))]
+    run = {"speed": speed, "models": {"int4": {
+        "weight_bytes": {"stored": 5 * 2**30},
+        "quality": {"layer_rel_error_median": 0.117}}}}
+    return {"schema": results.SCHEMA, "date": "2026-12-01", "gpu": "NVIDIA H100 80GB HBM3",
+            "scenario": "serving-loop", "kind": "serving", "ok": True, "rows": [run],
+            "environment": {"command": "python -m lowvm.bench serving-loop --out /tmp/s"}}
+
+
+def test_summary_takes_marlin_cublas_and_the_serving_speed_up(tmp_path):
+    gemm = _doc({("lowvm_int4_g128", 1): 9.0, ("marlin_int4_g128", 1): 11.0,
+                 ("cublas_fp16", 1): 21.0, ("lowvm_int4_g128", 64): 30.0})
+    paths = []
+    for doc in (gemm, _serving_doc()):
+        path = tmp_path / f"{doc['scenario']}.json"
+        path.write_text(json.dumps(doc))
+        paths.append(path)
+    text = report.summary(paths)
+    assert "| 4096x6144 | 1 | 9.0 | 11.0 | 21.0 |" in text
+    assert "| 64 |" not in text  # only M = 1 and 16
+    assert "| int4 | 1 | loop | 260.0 | 2.60 | 2.7 | 5120 | 0.117 |" in text
+    assert "float16 | 1" not in text
+    assert "--out" not in text
+
+
+def test_report_fills_the_readme_summary_only_where_it_has_markers(tmp_path):
+    root = tmp_path / "results" / "2026-12-01" / "serving-loop"
+    root.mkdir(parents=True)
+    (root / "gpu.json").write_text(json.dumps(_serving_doc()))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{report.SUMMARY_BEGIN}\nold\n{report.SUMMARY_END}\nrest\n")
+    doc = tmp_path / "performance.md"
+    assert report.main(["--results", str(tmp_path / "results"), "--doc", str(doc),
+                        "--readme", str(readme)]) == 0
+    text = readme.read_text()
+    assert "old" not in text and "2.60" in text and text.endswith("rest\n")
+    plain = tmp_path / "PLAIN.md"
+    plain.write_text("no markers\n")
+    assert report.main(["--results", str(tmp_path / "results"), "--doc", str(doc),
+                        "--readme", str(plain)]) == 0
+    assert plain.read_text() == "no markers\n"
