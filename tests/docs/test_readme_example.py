@@ -10,7 +10,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 
 def test_readme_vm_program_runs():
     text = README.read_text()
-    section = text.split("## Writing a VM program", 1)[1]
+    section = text.split("## Write a VM program", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     assert len(code.strip().splitlines()) <= 30
     namespace: dict = {"__name__": "readme_example"}
