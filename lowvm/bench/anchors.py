@@ -17,11 +17,7 @@ from lowvm.bench.errors import BenchError
 
 __all__ = ["Anchor", "AnchorSet", "default_anchor_path", "load_anchors"]
 
-_CANDIDATES = (
-    "benchmarks/anchors-h100.jsonl",
-    "shared/anchors-h100.jsonl",
-    "../shared/anchors-h100.jsonl",
-)
+_CANDIDATES = ("benchmarks/anchors-h100.jsonl",)
 
 
 @dataclass(frozen=True)
@@ -55,7 +51,7 @@ class AnchorSet:
 
 
 def default_anchor_path(root: str | os.PathLike[str] = ".") -> Path | None:
-    """The first anchor file found from ``root``: the repository's copy, else ../shared."""
+    """The first anchor file found from ``root``: the repository's copy."""
     for rel in _CANDIDATES:
         p = Path(root) / rel
         if p.is_file():
