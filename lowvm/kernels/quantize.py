@@ -1,8 +1,8 @@
 """Round-to-nearest quantization of a dense weight into codes, scales and zero points.
 
-The one rule, in two precisions: :func:`round_to_nearest` (torch, float32, on the weight's
-device: what :mod:`lowvm.nn` stores) and :func:`quantize_to_codes` (numpy, float64,
-symmetric: the host reference the kernel tests and benchmarks feed ``prepare_weight``).
+One implementation, :func:`round_to_nearest` (torch, float32, on the weight's device:
+what :mod:`lowvm.nn` stores); :func:`quantize_to_codes` is its numpy adapter (symmetric,
+on the host: what the kernel tests and benchmarks feed ``prepare_weight``).
 
 Symmetric types (intN, eXmY): per group, ``scale = absmax / max_value`` and each value is
 rounded to the type (ints: half to even and clamp; small floats: lowvm.dtypes' own round
@@ -86,12 +86,11 @@ def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = F
 
 def quantize_to_codes(weight: np.ndarray, wtype: DType | str, group: int
                       ) -> tuple[np.ndarray, np.ndarray]:
-    """Round-to-nearest symmetric group quantisation in float64 (numpy): ``(codes [N, K],
-    scales [K/g, N])``; an all-zero group's scale is 1."""
-    wt = as_dtype(wtype)
-    n, k = weight.shape
-    groups = weight.reshape(n, k // group, group).astype(np.float64)
-    scales = (np.abs(groups).max(axis=2) / wt.max_value).astype(np.float16)
-    scales[scales == 0] = 1
-    q = np.clip(groups / scales.astype(np.float64)[..., None], wt.min_value, wt.max_value)
-    return encode(q.reshape(n, k), wt), np.ascontiguousarray(scales.T)
+    """:func:`round_to_nearest` (symmetric) for numpy weights: ``(codes [N, K] uint8,
+    scales [K/g, N] float16)``, computed on the host in float32; an all-zero group's
+    scale is 1."""
+    import torch
+
+    w = torch.from_numpy(np.ascontiguousarray(weight))
+    codes, scales, _ = round_to_nearest(w, as_dtype(wtype), group)
+    return codes.numpy(), scales.numpy()

@@ -30,7 +30,7 @@ from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
 __all__ = ["WeightLayouts", "weight_layouts", "stored_order", "schedule_layouts",
            "repack_index", "repack_weights", "unpack_repacked", "interleave_chunks",
            "deinterleave_chunks", "FORMAT_BN", "FORMAT_WARPS_N", "WeightFormat",
-           "weight_format"]
+           "weight_format", "weight_bk", "layer_weight_format"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,30 @@ class WeightFormat:
         """Register layouts of one format tile."""
         return schedule_layouts(self.wtype, self.schedule)
 
+    @property
+    def chunk(self) -> int:
+        """Bytes per row of the repacked weight (one load instruction of a thread)."""
+        return self.layouts.chunk
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of :attr:`chunk` bytes one ``bn x bk`` tile occupies."""
+        return self.layouts.tile_rows
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes of one ``bn x bk`` tile (tiles are stored K tile major, then N tile)."""
+        return self.tile_rows * self.chunk
+
+    @property
+    def key(self) -> str:
+        """What names the format apart from its bytes (the seed of a fingerprint)."""
+        return f"{self.wtype.name}/bk={self.bk}/bn={self.bn}"
+
+    def shape(self, n: int, k: int) -> tuple[int, int]:
+        """Shape of the repacked ``[n, k]`` weight (``n`` a multiple of bn, ``k`` of bk)."""
+        return (n // self.bn) * (k // self.bk) * self.tile_rows, self.chunk
+
     def repack(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[N, K]`` -> the repacked bytes (:func:`repack_weights`)."""
         return repack_weights(codes, self.wtype, self.schedule)
@@ -193,3 +217,14 @@ def _weight_format(wtype: DType, bk: int) -> WeightFormat:
 def weight_format(wtype: DType | str, bk: int) -> WeightFormat:
     """The :class:`WeightFormat` of ``wtype`` with K tile ``bk`` (one object per pair)."""
     return _weight_format(as_dtype(wtype), bk)
+
+
+def weight_bk(group: int, k: int) -> int:
+    """The K tile of the repacked format: 128, or the group when it is smaller."""
+    g = k if group in (-1, k) else group
+    return min(128, g)
+
+
+def layer_weight_format(wtype: DType | str, group: int, k: int) -> WeightFormat:
+    """The :class:`WeightFormat` a weight of ``k`` inputs in groups of ``group`` is stored in."""
+    return weight_format(wtype, weight_bk(group, k))

@@ -16,7 +16,7 @@ import numpy as np
 from lowvm.dtypes import DType, decode
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
-from lowvm.kernels.weight_format import FORMAT_BN, FORMAT_WARPS_N, weight_format
+from lowvm.kernels.weight_format import FORMAT_BN, FORMAT_WARPS_N, weight_bk, weight_format
 
 __all__ = ["WEIGHT_BN", "WEIGHT_WARPS_N", "QuantWeight", "weight_bk", "prepare_weight",
            "check_weight_shape", "check_activation", "fits_float16"]
@@ -25,12 +25,6 @@ __all__ = ["WEIGHT_BN", "WEIGHT_WARPS_N", "QuantWeight", "weight_bk", "prepare_w
 WEIGHT_BN = FORMAT_BN
 #: warps along N that read one format tile (16 columns each)
 WEIGHT_WARPS_N = FORMAT_WARPS_N
-
-
-def weight_bk(group: int, k: int) -> int:
-    """The K tile of the repacked format: 128, or the group when it is smaller."""
-    g = k if group in (-1, k) else group
-    return min(128, g)
 
 
 @dataclass
@@ -65,10 +59,11 @@ class QuantWeight:
         return self.scales.dtype == dtype and (self.zeros is None or self.zeros.dtype == dtype)
 
 
-def check_weight_shape(n: int, k: int, group: int, bk: int) -> None:
-    """Raise unless ``[n, k]`` with groups of ``group`` fits the format of K tile ``bk``."""
-    if n % WEIGHT_BN:
-        raise LowvmError(f"out_features (N) = {n} must be a multiple of {WEIGHT_BN}")
+def check_weight_shape(n: int, k: int, group: int, bk: int, bn: int = WEIGHT_BN) -> None:
+    """Raise unless ``[n, k]`` with groups of ``group`` fits the format of K tile ``bk``
+    and N tile ``bn``."""
+    if n % bn:
+        raise LowvmError(f"out_features (N) = {n} must be a multiple of {bn}")
     if k % group:
         raise LowvmError(f"group_size = {group} must divide in_features (K) = {k}")
     if group % bk or k % bk:
@@ -84,20 +79,20 @@ def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, gr
 
     wt = as_dtype(wtype)
     n, k = codes.shape
-    bk = weight_bk(group, k)
-    check_weight_shape(n, k, group, bk)
+    fmt = weight_format(wt, weight_bk(group, k))
+    check_weight_shape(n, k, group, fmt.bk, fmt.bn)
     if scales.shape != (k // group, n):
         raise LowvmError(f"scales must have shape [K/group, N] = [{k // group}, {n}], got "
                          f"{list(scales.shape)}")
     if zeros is not None and zeros.shape != scales.shape:
         raise LowvmError(f"zeros must have the shape of scales {list(scales.shape)}, got "
                          f"{list(zeros.shape)}")
-    packed = weight_format(wt, bk).repack(np.asarray(codes))
+    packed = fmt.repack(np.asarray(codes))
 
     def half(a: np.ndarray) -> Any:
         return torch.from_numpy(np.ascontiguousarray(a, np.float16)).to(device)
 
-    return QuantWeight(torch.from_numpy(packed).to(device), half(scales), wt, group, n, k, bk,
+    return QuantWeight(torch.from_numpy(packed).to(device), half(scales), wt, group, n, k, fmt.bk,
                        None if zeros is None else half(zeros))
 
 

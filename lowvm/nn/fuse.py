@@ -129,14 +129,13 @@ def concat_problem(layers: Sequence[Any], names: Sequence[str] | None = None) ->
 def _tile_view_ok(layer: QuantLinear) -> bool:
     """True when ``qweight`` is whole tiles stored K tile major (checked by the format)."""
     fmt = layer.kernel_format
-    return bool(fmt.fast) and fmt.tile_bytes % fmt.chunk == 0
+    return bool(fmt.fast) and fmt.format.tile_bytes % fmt.format.chunk == 0
 
 
 def _tiles(qweight: torch.Tensor, layer: QuantLinear, n: int) -> torch.Tensor:
     """``qweight`` of an ``[n, K]`` weight as ``[K/bk, n/bn, rows per tile, chunk]``."""
-    fmt = layer.kernel_format
-    return qweight.reshape(layer.in_features // fmt.bk, n // fmt.bn,
-                           fmt.tile_bytes // fmt.chunk, fmt.chunk)
+    fmt = layer.kernel_format.format
+    return qweight.reshape(layer.in_features // fmt.bk, n // fmt.bn, fmt.tile_rows, fmt.chunk)
 
 
 def _concat_qweight(parts: Sequence[torch.Tensor], sizes: Sequence[int],
@@ -156,7 +155,7 @@ def _split_qweight(qweight: torch.Tensor, sizes: Sequence[int],
     fmt, k = like.kernel_format, like.in_features
     if _tile_view_ok(like):
         tiles = _tiles(qweight, like, sum(sizes))
-        chunks = tiles.split([n // fmt.bn for n in sizes], dim=1)
+        chunks = tiles.split([n // fmt.format.bn for n in sizes], dim=1)
         return [_own(c).reshape(fmt.shape(n, k)) for c, n in zip(chunks, sizes, strict=True)]
     codes = fmt.unpack(qweight, sum(sizes), k)
     return [fmt.repack(c.contiguous()) for c in codes.split(list(sizes))]

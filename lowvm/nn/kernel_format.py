@@ -1,4 +1,6 @@
-"""The GPU kernel's repacked weight format, in torch, derived from the kernel library.
+"""The GPU kernel's repacked weight format, in torch: the fast torch path of the kernel
+library's :class:`~lowvm.kernels.weight_format.WeightFormat` (the one format object;
+geometry, tile sizes and the fingerprint's seed come from it).
 
 :class:`~lowvm.nn.quant_linear.QuantLinear` keeps its codes only in the layout
 ``quant_gemm`` reads (:func:`lowvm.kernels.quant_gemm.repack_weights`), on every device.
@@ -28,10 +30,10 @@ import torch
 
 from lowvm.dtypes import DType
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.kernels.weight_format import weight_format
+from lowvm.kernels.weight_format import layer_weight_format, weight_format
 from lowvm.nn.errors import QuantizationError
 
-__all__ = ["KernelFormat", "kernel_format"]
+__all__ = ["KernelFormat", "kernel_format", "layer_kernel_format"]
 
 _BITS_PER_BLOCK = 1 << 24  # bound on the uint8 bit tensor of one conversion step
 
@@ -51,7 +53,8 @@ def _probe_codes(n: int, k: int, nbits: int) -> np.ndarray:
 
 
 class KernelFormat:
-    """Codes ``[N, K]`` <-> the repacked bytes of one ``(wtype, bk)``, in torch.
+    """Codes ``[N, K]`` <-> the repacked bytes of one ``(wtype, bk)``, in torch: the fast
+    path of :attr:`format` (the library's :class:`WeightFormat`, which holds the geometry).
 
     ``fast``: the per-bit map was derived and checked (torch gathers on the tensors'
     device); otherwise the library's numpy repacker runs on the host.
@@ -62,8 +65,10 @@ class KernelFormat:
         self.format = weight_format(wtype, bk)
         self.schedule = self.format.schedule
         self.bn = self.format.bn
+        self.chunk = self.format.chunk
+        self.tile_bytes = self.format.tile_bytes
         nbits = wtype.nbits
-        digest = hashlib.blake2b(f"{wtype.name}/bk={bk}/bn={self.bn}".encode(), digest_size=8)
+        digest = hashlib.blake2b(self.format.key.encode(), digest_size=8)
 
         def repack(codes: np.ndarray) -> np.ndarray:
             out = np.ascontiguousarray(self.format.repack(codes))
@@ -73,8 +78,6 @@ class KernelFormat:
 
         tile = self.bn * self.bk  # codes per tile, index p = n_local * bk + k_local
         zero = repack(np.zeros((self.bn, self.bk), np.uint8))
-        self.chunk = int(zero.shape[1])
-        self.tile_bytes = int(zero.size)
         const = _bits(zero)
         bit_hits = [(_bits(repack(np.full((self.bn, self.bk), 1 << b, np.uint8))) ^ const)
                     for b in range(nbits)]
@@ -87,7 +90,8 @@ class KernelFormat:
         self.fingerprint = digest.hexdigest()
 
         self._tables: dict[torch.device, tuple[torch.Tensor, ...]] = {}
-        self.fast = self._derive(const, bit_hits, index_bits, tile)
+        self.fast = (zero.shape == self.format.shape(self.bn, self.bk)
+                     and self._derive(const, bit_hits, index_bits, tile))
         if self.fast:
             self.fast = self._agrees(probe, expected)
 
@@ -135,8 +139,7 @@ class KernelFormat:
     def shape(self, n: int, k: int) -> tuple[int, int]:
         """Shape of the repacked ``[N, K]`` weight (what ``repack_weights`` returns)."""
         self._check(n, k)
-        tiles = (n // self.bn) * (k // self.bk)
-        return tiles * self.tile_bytes // self.chunk, self.chunk
+        return self.format.shape(n, k)
 
     def _check(self, n: int, k: int) -> None:
         if n % self.bn or k % self.bk:
@@ -197,9 +200,16 @@ class KernelFormat:
 
 
 def kernel_format(wtype: DType | str, bk: int) -> KernelFormat:
-    """The format of ``wtype`` weights with K tile ``bk`` (:func:`lowvm.kernels.weights.
-    weight_bk` of the group size and K), derived once per process."""
+    """The format of ``wtype`` weights with K tile ``bk`` (:func:`lowvm.kernels.
+    weight_format.weight_bk` of the group size and K), derived once per process."""
     return _cached(as_dtype(wtype), bk)
+
+
+def layer_kernel_format(wtype: DType | str, group: int, k: int) -> KernelFormat:
+    """:func:`kernel_format` of a weight of ``k`` inputs in groups of ``group``
+    (:func:`~lowvm.kernels.weight_format.layer_weight_format`)."""
+    fmt = layer_weight_format(wtype, group, k)
+    return _cached(fmt.wtype, fmt.bk)
 
 
 @functools.cache

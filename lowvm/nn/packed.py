@@ -12,8 +12,8 @@ from typing import NamedTuple
 import torch
 
 from lowvm.dtypes import DType
-from lowvm.kernels.weights import weight_bk
-from lowvm.nn.kernel_format import kernel_format
+from lowvm.kernels.weight_format import layer_weight_format
+from lowvm.nn.kernel_format import layer_kernel_format
 from lowvm.nn.packing import value_table
 
 __all__ = ["PackedLinear", "unpack_codes", "dequantize"]
@@ -43,13 +43,13 @@ class PackedLinear(NamedTuple):
     @property
     def bk(self) -> int:
         """The K tile of the repacked format (it depends on the group size)."""
-        return weight_bk(self.group_size, self.in_features)
+        return layer_weight_format(self.wtype, self.group_size, self.in_features).bk
 
 
 def unpack_codes(layer: PackedLinear) -> torch.Tensor:
     """The codes ``[N, K]`` (uint8, stored K order) on the weight's device."""
-    return kernel_format(layer.wtype, layer.bk).unpack(layer.qweight, layer.out_features,
-                                                       layer.in_features)
+    fmt = layer_kernel_format(layer.wtype, layer.group_size, layer.in_features)
+    return fmt.unpack(layer.qweight, layer.out_features, layer.in_features)
 
 
 def dequantize(layer: PackedLinear, dtype: torch.dtype = torch.float32) -> torch.Tensor:

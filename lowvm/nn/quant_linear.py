@@ -39,10 +39,9 @@ from torch import nn
 from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from lowvm.dtypes import DType
-from lowvm.kernels.library import weight_bk
 from lowvm.nn import custom_op  # noqa: F401  (registers torch.ops.lowvm.quant_linear)
 from lowvm.nn.errors import ActivationError, QuantizationError, WeightFormatError
-from lowvm.nn.kernel_format import KernelFormat, kernel_format
+from lowvm.nn.kernel_format import KernelFormat, layer_kernel_format
 from lowvm.nn.packed import PackedLinear, dequantize, unpack_codes
 from lowvm.nn.quantize import quantize_weight
 from lowvm.nn.spec import QuantSpec, make_spec
@@ -126,8 +125,7 @@ class QuantLinear(nn.Module):
     @property
     def kernel_format(self) -> KernelFormat:
         """The repacked layout ``qweight`` is stored in (it depends on type and group)."""
-        return kernel_format(self.spec.wtype, weight_bk(self.spec.group_size,
-                                                        self.in_features))
+        return layer_kernel_format(self.spec.wtype, self.spec.group_size, self.in_features)
 
     @torch.no_grad()
     def set_codes(self, codes: torch.Tensor, scales: torch.Tensor,

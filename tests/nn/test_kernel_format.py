@@ -144,3 +144,15 @@ def test_shapes_outside_the_tiles_are_refused():
     with pytest.raises(QuantizationError, match=r"has shape \(256, 16\); got \(16, 256\)"):
         fmt.unpack(torch.zeros(16, 256, dtype=torch.uint8), 64, 128)
 
+
+
+@pytest.mark.parametrize("wtype", ["int2", "int3", "uint4", "e4m3", "int8"])
+@pytest.mark.parametrize("bk", [32, 128])
+def test_geometry_is_the_weight_formats(wtype, bk):
+    fmt = kf.kernel_format(wtype, bk)
+    library = weight_format.weight_format(wtype, bk)
+    assert fmt.format is library
+    assert (fmt.bn, fmt.bk, fmt.chunk, fmt.tile_bytes) == (
+        library.bn, library.bk, library.chunk, library.tile_bytes)
+    codes = np.zeros((2 * library.bn, 3 * bk), np.uint8)
+    assert fmt.shape(*codes.shape) == library.shape(*codes.shape) == library.repack(codes).shape
