@@ -214,4 +214,8 @@ def layer_kernel_format(wtype: DType | str, group: int, k: int) -> KernelFormat:
 
 @functools.cache
 def _cached(wtype: DType, bk: int) -> KernelFormat:
-    return KernelFormat(wtype, bk)
+    """Built on the CPU whatever default device is in force: the first format of a process
+    may be asked for while transformers builds a model on the meta device (loading a
+    checkpoint), where probe tensors would hold no data."""
+    with torch.device("cpu"):
+        return KernelFormat(wtype, bk)
