@@ -9,6 +9,7 @@ per set of constant values and caches the resulting :class:`~lowvm.ir.Program`.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,30 @@ def _locate(exc: LowvmError) -> None:
     raise located.with_traceback(exc.__traceback__) from None
 
 
+#: the most warps a block may have (1024 threads, CUDA's limit)
+MAX_WARPS = 32
+
+#: annotations of compile-time parameters whose values are checked when a program is built
+_KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
+    int: ((numbers.Integral,), "an integer"),
+    float: ((numbers.Real,), "a number"),
+    bool: ((bool, numbers.Integral), "a bool"),
+    str: ((str,), "a string"),
+}
+
+
+def _checked_constant(program_name: str, param: inspect.Parameter, value: Any) -> Any:
+    """``value`` for the compile-time parameter ``param`` when its annotation (int, float,
+    bool or str) admits it, else a ProgramError at the user's line naming both: a string
+    where an integer belongs would otherwise fail deep inside tracing."""
+    kind = _KINDS.get(param.annotation)
+    if kind is not None and not isinstance(value, kind[0]):
+        raise ProgramError(f"{program_name}: the compile-time parameter {param.name!r} takes "
+                           f"{kind[1]}, got {value!r} ({type(value).__name__})",
+                           user_location())
+    return value
+
+
 class ProgramTemplate:
     """A ``@vm.program`` function: builds one specialised :class:`Program` per constants."""
 
@@ -112,7 +137,7 @@ class ProgramTemplate:
         for name in self.constant_names:
             p = self.signature.parameters[name]
             if name in constants:
-                values[name] = constants[name]
+                values[name] = _checked_constant(self.name, p, constants[name])
             elif p.default is not inspect.Parameter.empty:
                 values[name] = p.default
             else:
@@ -177,6 +202,12 @@ class ProgramTemplate:
 def program(fn: Callable | None = None, *, warps: int | None = None, name: str | None = None,
             max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES):
     """Decorator: turn a function into a VM program template (see module docstring)."""
+
+    if warps is not None and (not isinstance(warps, int) or isinstance(warps, bool)
+                              or not 1 <= warps <= MAX_WARPS):
+        raise ProgramError(f"@vm.program: warps must be an integer in [1, {MAX_WARPS}] "
+                           f"(at most {MAX_WARPS * 32} threads per block), got {warps!r}",
+                           user_location())
 
     def wrap(f: Callable) -> ProgramTemplate:
         return ProgramTemplate(f, warps, name, max_shared_bytes)

@@ -528,3 +528,21 @@ def test_shared_tile_used_after_free():
     with pytest.raises(lowvm.InterpretError) as e:
         lowvm.interpret(_prog(body), np.zeros(1, np.float32))
     expect(e, "freed", "after free_shared")
+
+
+@pytest.mark.parametrize("warps", [0, -1, 33, 64, 2.0, True])
+def test_bad_warp_counts_are_refused_where_the_program_is_defined(warps):
+    with pytest.raises(lowvm.ProgramError) as e:
+        @vm.program(warps=warps)  # <- warps
+        def kernel(n: vm.int32):
+            vm.set_grid(1)
+    expect(e, "warps", r"warps must be an integer in \[1, 32\]", re.escape(repr(warps)))
+
+
+def test_a_constant_of_the_wrong_type_is_named_at_the_build_call():
+    from lowvm.kernels.vector_add import vector_add
+
+    with pytest.raises(lowvm.ProgramError) as e:
+        vector_add.build(block="512")  # <- constant type
+    expect(e, "constant type", "'block' takes an integer", "'512'")
+    assert vector_add.build(block=256).name == "vector_add"

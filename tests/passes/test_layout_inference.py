@@ -462,10 +462,10 @@ def test_view_of_a_strided_run_is_refused_with_the_line():
     assert info.value.loc.lineno == _line_of(v.fn, "bits = vm.view(raw")
 
 
-def test_readme_program_without_layouts_runs():
+def test_documented_program_without_layouts_runs():
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[2] / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "docs" / "language.md"
     section = readme.read_text().split("### Leaving layouts out", 1)[1]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert not any(word in code for word in ("layout=", "vm.spatial", "vm.local", "mma_layouts"))
