@@ -234,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"results root (default {DEFAULT_ROOT})")
     parser.add_argument("--doc", default=str(DEFAULT_DOC),
                         help=f"the Markdown file to update (default {DEFAULT_DOC})")
-    parser.add_argument("--readme", default=str(DEFAULT_README),
-                        help="a file whose summary markers get the short table "
-                             f"(default {DEFAULT_README}; skipped where it has no markers)")
+    parser.add_argument("--readme",
+                        help="a file whose summary markers get the short table (default "
+                             f"{DEFAULT_README} when --doc is the default; skipped where it "
+                             "has no markers)")
     opts = parser.parse_args(argv)
     try:
         paths = newest_results(opts.results)
@@ -250,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(splice(text, generated))
     print(f"updated {doc}")
-    readme = Path(opts.readme)
+    if opts.readme is None and Path(opts.doc) != DEFAULT_DOC:
+        return 0  # a document elsewhere: leave this checkout's README alone
+    readme = Path(opts.readme or DEFAULT_README)
     if readme.is_file() and SUMMARY_BEGIN in readme.read_text():
         readme.write_text(splice(readme.read_text(), short, SUMMARY_BEGIN, SUMMARY_END))
         print(f"updated {readme}")

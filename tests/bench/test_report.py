@@ -248,3 +248,14 @@ def test_report_fills_the_readme_summary_only_where_it_has_markers(tmp_path):
     assert report.main(["--results", str(tmp_path / "results"), "--doc", str(doc),
                         "--readme", str(plain)]) == 0
     assert plain.read_text() == "no markers\n"
+
+
+def test_a_report_written_elsewhere_leaves_the_checkouts_readme_alone(tmp_path, monkeypatch):
+    root = tmp_path / "results" / "2026-12-01" / "serving-loop"
+    root.mkdir(parents=True)
+    (root / "gpu.json").write_text(json.dumps(_serving_doc()))
+    monkeypatch.chdir(tmp_path)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{report.SUMMARY_BEGIN}\nold\n{report.SUMMARY_END}\n")
+    assert report.main(["--results", "results", "--doc", "elsewhere.md"]) == 0
+    assert "old" in readme.read_text()
