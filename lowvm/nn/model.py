@@ -9,11 +9,13 @@ patterns on module names; the resolved per-layer formats are recorded in the mod
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
+import torch
 from torch import nn
 
 from lowvm.nn.errors import QuantizationError
@@ -85,6 +87,8 @@ def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
     tied = _tied_weights(model)
     plan: dict[str, QuantSpec] = {}
     skipped: dict[str, str] = {}
+    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    _check_patterns(linears, skip, dtype)
     for name, module in model.named_modules():
         if not isinstance(module, nn.Linear):
             continue
@@ -101,9 +105,41 @@ def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
         if module.weight.is_meta:
             raise QuantizationError(f"quantize_model: layer {name!r} has no weights yet (meta "
                                     "device); load the model's weights first")
+        if module.weight.dtype not in (torch.float16, torch.bfloat16):
+            raise QuantizationError(
+                f"quantize_model: layer {name!r} is {str(module.weight.dtype).split('.')[-1]}; "
+                "lowvm layers compute in float16 or bfloat16: convert the model first "
+                "(model.half() or model.to(torch.bfloat16))")
         plan[name] = make_spec(layer_dtype, group_size, zero_point, module.in_features,
                                module.out_features, where=f"quantize_model: layer {name!r}")
+    if not plan:
+        reasons = sorted(set(skipped.values()))
+        raise QuantizationError(
+            "quantize_model: nothing to quantize: "
+            + (f"the model's {len(linears)} linear layers are all left dense ({', '.join(reasons)})"
+               if linears else "the model has no nn.Linear layers (already quantized?)"))
     return plan, skipped
+
+
+#: skip patterns that may match nothing: the default, for models without an lm_head
+DEFAULT_SKIP = ("lm_head",)
+
+
+def _check_patterns(linears: list[str], skip: tuple[str, ...], dtype: Any) -> None:
+    """Every pattern the caller wrote must match a linear layer: a typo would otherwise
+    quantize (or keep dense) what the caller meant to keep (or quantize)."""
+    given = [("skip", p) for p in skip if p not in DEFAULT_SKIP]
+    if isinstance(dtype, Mapping):
+        given += [("dtype", p) for p in dtype]
+    for where, pattern in given:
+        if not any(name_matches(name, pattern) for name in linears):
+            suffixes = sorted({".".join(n.split(".")[i:]) for n in linears
+                               for i in range(len(n.split(".")))})
+            close = difflib.get_close_matches(pattern, suffixes, n=5, cutoff=0.6)
+            raise QuantizationError(
+                f"quantize_model: {where} pattern {pattern!r} matches no linear layer; "
+                + (f"close names: {close}" if close else
+                   f"layers look like {linears[:3]}"))
 
 
 def _progress(items: list[str], enabled: bool) -> Iterable[str]:

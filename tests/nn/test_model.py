@@ -143,3 +143,36 @@ def test_config_rejects_bad_types_early():
         lowvm.LowvmConfig(dtype="int12")
     with pytest.raises(lowvm.DTypeError, match="mlp"):
         lowvm.LowvmConfig(dtype={"mlp": "bogus"})
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"skip": ["lm_haed"]}, "skip pattern 'lm_haed' matches no linear layer; close names: "
+                            "['lm_head']"),
+    ({"dtype": {"*": "int4", "mlp.dwn_proj": "int6"}}, "dtype pattern 'mlp.dwn_proj' matches "
+                                                       "no linear layer; close names: "
+                                                       "['mlp.down_proj'"),
+    ({"dtype": {}}, "nothing to quantize"),
+    ({"dtype": {"*": "int4"}, "skip": ["*"]}, "nothing to quantize"),
+])
+def test_patterns_that_match_nothing_and_empty_plans_are_refused(kwargs, needle):
+    model = tiny_llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(QuantizationError) as e:
+        lowvm.quantize_model(model, progress=False, **kwargs)
+    assert needle in str(e.value)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_float32_layers_are_refused_before_any_work():
+    model = tiny_llama(dtype=torch.float32)
+    with pytest.raises(QuantizationError, match=r"layer 'model.layers.0.self_attn.q_proj' is "
+                                                r"float32; .*model\.half\(\)"):
+        lowvm.quantize_model(model, progress=False)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+
+
+def test_a_model_without_lm_head_quantizes_with_the_default_skip():
+    mlp = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU()).half()
+    report = lowvm.quantize_model(mlp, progress=False)
+    assert isinstance(mlp[0], QuantLinear) and report is not None
