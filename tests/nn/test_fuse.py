@@ -511,7 +511,10 @@ def test_serving_fuse_option(tmp_path, flag):
     else:
         assert "fuse_report" not in int4
     rows = result["speed"]
-    assert len(rows) == 4 and all(r["decode_tokens_per_s"] > 0 for r in rows)
+    # six tokens of a tiny model on a loaded CPU: the decode rate may be NaN (the median
+    # 6-token run no slower than the median 1-token run), never zero or negative
+    assert len(rows) == 4 and all(r["e2e_tokens_per_s"] > 0 for r in rows)
+    assert not any(r["decode_tokens_per_s"] <= 0 for r in rows)
     assert {(r["model"], r["fused"]) for r in rows} == {("float16", False), ("int4", fused)}
     loop = next(r for r in rows if r["model"] == "int4" and r["mode"] == "loop")
     assert loop["leading_tokens_equal"]["eager"] == 6  # the loop's tokens are generate's
