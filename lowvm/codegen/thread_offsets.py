@@ -3,8 +3,8 @@
 An ``ldmatrix`` or ``cp.async`` lowering issues several accesses per thread (one per
 ``ldmatrix`` call, one per 16-byte chunk). Written out one by one, each access's swizzled
 offset is a fresh expression of ``tid``: ~3 instructions per ``ldmatrix`` and ~19 per
-``cp.async`` chunk in the decode loop's SASS (``benchmarks/sass_profile.py``), as many as the
-weight conversion itself. Most of them differ from one thread-dependent *base* offset by
+``cp.async`` chunk in the decode loop's SASS (``python -m lowvm.bench.sass_profile``), as
+many as the weight conversion itself. Most of them differ from one thread-dependent *base* offset by
 a compile-time constant, added (rows a multiple of the swizzle period apart) or XORed
 (columns inside one swizzled row): then the base is computed once, outside the main
 loop, and each access costs at most one instruction.
