@@ -168,7 +168,8 @@ def quantize_model(model: nn.Module, dtype: Any = "int4", group_size: int | None
     for name in _progress(list(plan), progress):
         linear = modules[name]
         spec = plan[name]
-        new[name] = QuantLinear.from_linear(linear, spec.wtype, spec.group_size, spec.zero_point)
+        new[name] = QuantLinear.from_linear(linear, spec.wtype, spec.group_size, spec.zero_point,
+                                            name=name)
         report.bytes_before += sum(p.numel() * p.element_size()
                                    for p in linear.parameters(recurse=False))
         report.bytes_after += new[name].weight_bytes()

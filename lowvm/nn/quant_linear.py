@@ -99,11 +99,13 @@ class QuantLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, dtype: Any = "int4", group_size: int | None = 128,
-                    zero_point: bool | None = None) -> QuantLinear:
+                    zero_point: bool | None = None, *, name: str | None = None) -> QuantLinear:
         """Quantize ``linear`` round-to-nearest (see :mod:`lowvm.nn.quantize`); it is not changed.
 
         ``zero_point`` None: on for uintN (min/max with zero points), off for intN/eXmY
         (absmax). The bias keeps the linear's dtype (float32 biases become float16).
+        ``name``: the module's name in its model, for error messages. A weight with a NaN
+        or inf, or a group whose scale float16 cannot hold, is refused.
         """
         if not isinstance(linear, nn.Linear):
             raise QuantizationError(f"QuantLinear.from_linear: linear must be a torch.nn.Linear;"
@@ -115,7 +117,8 @@ class QuantLinear(nn.Module):
         bias_dtype = _bias_dtype(linear)
         layer = cls(linear.in_features, linear.out_features, dtype, group_size, zero_point,
                     bias=linear.bias is not None, device=weight.device, bias_dtype=bias_dtype)
-        codes, scales, zeros = quantize_weight(weight, layer.spec)
+        where = f"layer {name!r}" if name else "QuantLinear.from_linear"
+        codes, scales, zeros = quantize_weight(weight, layer.spec, where)
         layer.set_codes(codes, scales, zeros)
         if linear.bias is not None:
             assert layer.bias is not None

@@ -1,17 +1,60 @@
 """Round-to-nearest quantization of a layer's weight by its :class:`QuantSpec` (the rule
-itself: :func:`lowvm.kernels.quantize.round_to_nearest`)."""
+itself: :func:`lowvm.kernels.quantize.round_to_nearest`), after checking that the weight
+can be quantized at all: a NaN or inf would hide inside a group's scale, and a scale
+float16 cannot hold would silently saturate or flush the group to zero."""
 
 from __future__ import annotations
 
 import torch
 
 from lowvm.kernels.quantize import round_to_nearest
+from lowvm.nn.errors import QuantizationError
 from lowvm.nn.spec import QuantSpec
 
-__all__ = ["quantize_weight"]
+__all__ = ["quantize_weight", "check_quantizable", "FP16_SCALE_MAX", "FP16_SCALE_MIN"]
+
+#: the largest scale a float16 holds
+FP16_SCALE_MAX = 65504.0
+#: the smallest positive scale a float16 holds (a subnormal); below it a group's codes
+#: would all round to zero
+FP16_SCALE_MIN = 2.0**-24
 
 
-def quantize_weight(weight: torch.Tensor, spec: QuantSpec
+def check_quantizable(weight: torch.Tensor, spec: QuantSpec, where: str) -> None:
+    """Raise :class:`QuantizationError` (naming ``where``, the row and column or group) when
+    ``weight [N, K]`` holds a non-finite value or a group whose scale float16 cannot hold:
+    one rule for every type."""
+    w = weight.detach()
+    finite = torch.isfinite(w)
+    if not bool(finite.all()):
+        bad = (~finite).nonzero()
+        row, col = (int(i) for i in bad[0])
+        raise QuantizationError(
+            f"{where}: the weight holds {bad.shape[0]} non-finite value(s), the first "
+            f"{float(w[row, col])} at row {row}, column {col}; quantized weights must be "
+            "finite (a NaN or inf would make its whole group's scale meaningless)")
+    n, k = w.shape
+    group = spec.group_size
+    groups = w.float().reshape(n, k // group, group)
+    if spec.zero_point:
+        spread = (groups.amax(-1).clamp(min=0) - groups.amin(-1).clamp(max=0))
+        scale = spread / float(2**spec.wtype.nbits - 1)
+    else:
+        scale = groups.abs().amax(-1) / spec.wtype.max_value
+    for bad, what in ((scale > FP16_SCALE_MAX, f"above float16's largest, {FP16_SCALE_MAX:g}"),
+                      ((scale > 0) & (scale < FP16_SCALE_MIN),
+                       f"below float16's smallest positive value, {FP16_SCALE_MIN:.3g}")):
+        if bool(bad.any()):
+            row, g = (int(i) for i in bad.nonzero()[0])
+            raise QuantizationError(
+                f"{where}: the group of row {row}, columns {g * group}..{(g + 1) * group - 1} "
+                f"needs a scale of {float(scale[row, g]):.3g} for {spec.wtype.name}, {what}; "
+                "scales are float16: rescale the weight (or its layer) into float16's range")
+
+
+def quantize_weight(weight: torch.Tensor, spec: QuantSpec, where: str = "quantize"
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``weight [N, K]`` -> ``(codes [N, K] uint8, scales [G, N] fp16, zeros [G, N] | None)``."""
+    """``weight [N, K]`` -> ``(codes [N, K] uint8, scales [G, N] fp16, zeros [G, N] | None)``,
+    after :func:`check_quantizable`."""
+    check_quantizable(weight, spec, where)
     return round_to_nearest(weight, spec.wtype, spec.group_size, spec.zero_point)

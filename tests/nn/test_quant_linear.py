@@ -205,3 +205,56 @@ def test_bfloat16_scales_of_inference_mode_layers_are_cast_per_call():
     s1, z1 = backend._scales_as(layer, torch.bfloat16)
     assert z1 is None and torch.equal(s1, scales.bfloat16())
     assert (id(scales), torch.bfloat16) not in backend._CONVERTED
+
+
+def _dense(dtype=torch.float16):
+    torch.manual_seed(0)
+    return torch.nn.Linear(128, 64, dtype=dtype)
+
+
+@pytest.mark.parametrize("wtype", ["int4", "uint4", "float4_e2m1", "float6_e3m2", "int8"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_refused_with_row_and_column(wtype, bad):
+    linear = _dense()
+    with torch.no_grad():
+        linear.weight[3, 5] = bad
+    with pytest.raises(QuantizationError, match=r"layer 'mlp.up': .* 1 non-finite value\(s\), "
+                                                r"the first -?(nan|inf) at row 3, column 5"):
+        QuantLinear.from_linear(linear, wtype, 64, name="mlp.up")
+
+
+@pytest.mark.parametrize("wtype", ["int4", "uint4", "float4_e2m1"])
+def test_scales_float16_cannot_hold_are_refused_with_the_group(wtype):
+    big = _dense(torch.float32)
+    with torch.no_grad():
+        big.weight[2, 70] = 1e6
+    with pytest.raises(QuantizationError, match=r"row 2, columns 64\.\.127 needs a scale of "
+                                                r".* above float16's largest"):
+        QuantLinear.from_linear(big, wtype, 64)
+    tiny = _dense(torch.float32)
+    with torch.no_grad():
+        tiny.weight.mul_(1e-9)
+    with pytest.raises(QuantizationError, match=r"row 0, columns 0\.\.63 .* below float16's "
+                                                r"smallest positive value"):
+        QuantLinear.from_linear(tiny, wtype, 64)
+
+
+def test_weights_within_float16s_range_still_quantize():
+    linear = _dense(torch.float32)
+    with torch.no_grad():
+        linear.weight[0, 0] = 60000.0  # int8's scale 472: fine
+        linear.weight[1].zero_()       # an all-zero group keeps scale 1
+    layer = QuantLinear.from_linear(linear, "int8", 64)
+    assert torch.isfinite(layer.dequantize(torch.float32)).all()
+
+
+def test_quantize_model_names_the_module_of_a_nan_and_changes_nothing():
+    from tests.helpers.models import tiny_llama
+
+    model = tiny_llama()
+    with torch.no_grad():
+        model.model.layers[1].mlp.down_proj.weight[7, 9] = float("nan")
+    with pytest.raises(QuantizationError, match=r"layer 'model.layers.1.mlp.down_proj': .* "
+                                                r"row 7, column 9"):
+        lowvm.quantize_model(model, dtype="int4", progress=False)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())

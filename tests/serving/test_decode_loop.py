@@ -217,7 +217,9 @@ def test_cli_loop_rows_beside_eager_and_graphs(tmp_path, capsys):
     assert loop["leading_tokens_equal"] == {"eager": 4, "graphs": 4}
     assert "leading_tokens_equal_other_mode" not in loop  # two others: the dict only
     assert loop["new_tokens"] == 4 and len(loop["runs_full_s"]) == 2
-    assert loop["full_s"] > loop["prefill_s"] > 0 and loop["decode_tokens_per_s"] > 0
+    # on a loaded CPU the 4-token run's median may not exceed the 1-token run's: the decode
+    # rate is then NaN, never zero or negative
+    assert loop["full_s"] > 0 and loop["prefill_s"] > 0 and not loop["decode_tokens_per_s"] <= 0
     assert loop["graphs_compiled"] == 1 and loop["graph_breaks"] == 0
     assert loop["cuda_graph"] is False and loop["loop_build_s"] is None
     assert loop["forward_ms"] > 0
