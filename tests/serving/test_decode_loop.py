@@ -15,6 +15,7 @@ from lowvm.serving.decode_loop import DecodeLoop, chunked_argmax
 from lowvm.serving.generation import generate, leading_equal, prompts
 from lowvm.serving.measure import LOOP_ATTR, loop_compile_mode, loop_compile_modes, release
 from lowvm.serving.models import init_random, quantized_copy, random_config
+from tests.helpers.serving import run_serving
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
@@ -184,16 +185,6 @@ def test_loop_options():
     for bad in (["--loop-compile", "reduce-overhead"], ["--modes", "loops"]):
         with pytest.raises(SystemExit):
             parse(bad)
-
-
-def run_serving(*args: str) -> None:
-    """``python -m lowvm.serving`` with ``args``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only contend
-    try:
-        cli.main(list(args))
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

@@ -16,18 +16,9 @@ from lowvm.serving.compare import model_name
 from lowvm.serving.models import init_random, quantized_copy, random_config, weight_bytes
 from lowvm.serving.quality import layer_errors
 from serving_examples import custom_program
+from tests.helpers.serving import run_serving
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
-
-
-def run_serving(*args: str) -> None:
-    """``python -m lowvm.serving`` with ``args``."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only contend (5x slower on a busy CI)
-    try:
-        cli.main(list(args))
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow
