@@ -209,12 +209,50 @@ class QuantLinear(nn.Module):
                                 f"{fmt.fingerprint}, recorded as '{_EXTRA_STATE_KEY_SUFFIX}';"
                                 f" {fix}")
 
+    def _check_settings(self, state_dict: dict[str, Any], prefix: str, saved: str) -> None:
+        """Raise WeightFormatError naming how the saved layer's settings differ from this
+        one's (zero points, group size, shape, bits, type), where they do: a checkpoint of
+        another type or group size is a different layer, not a changed kernel layout."""
+        n, k = self.out_features, self.in_features
+        own = self.spec
+        qweight = state_dict[prefix + "qweight"]
+        scales, zeros = state_dict.get(prefix + "scales"), state_dict.get(prefix + "zeros")
+        diffs = []
+        if (zeros is None) != (self.zeros is None):
+            diffs.append("zero points: the checkpoint has " + (
+                "none (a symmetric type)" if zeros is None else "them (an asymmetric uintN)")
+                + f", this layer's {own.wtype.name} " + ("has them" if self.zeros is not None
+                                                          else "has none"))
+        if isinstance(scales, torch.Tensor) and scales.dim() == 2:
+            groups, rows = scales.shape
+            if rows != n:
+                diffs.append(f"shape: the checkpoint's layer has {rows} outputs, this one {n}")
+            elif groups != k // own.group_size and k % groups == 0:
+                diffs.append(f"group size: the checkpoint's is {k // groups}, this layer's "
+                             f"{own.group_size}")
+        if isinstance(qweight, torch.Tensor) and qweight.numel() != self.qweight.numel():
+            bits = qweight.numel() * 8 / (n * k)
+            diffs.append(f"bits per weight: the checkpoint's codes take {bits:g}, this layer's "
+                         f"{own.wtype.name} {own.wtype.nbits}")
+        if not diffs:
+            same = _type_of_fingerprint(saved, own.wtype.nbits, self.kernel_format.bk)
+            if same is not None and same != own.wtype:
+                diffs.append(f"type: the checkpoint holds {same.name}, this layer "
+                             f"{own.wtype.name}")
+        if diffs:
+            raise WeightFormatError(
+                f"QuantLinear ({own.wtype.name}, group_size={own.group_size}, [{n}, {k}]): "
+                f"the checkpoint's layer differs in {'; '.join(diffs)}; build the layer with "
+                "the checkpoint's settings (its config.json's quantization_config)")
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               *args: Any, **kwargs: Any) -> None:
         # checked before the base class copies anything, so a refused load changes nothing
         if prefix + "qweight" in state_dict:
-            self._check_format(state_dict.get(prefix + _EXTRA_STATE_KEY_SUFFIX),
-                               state_dict[prefix + "qweight"])
+            record = state_dict.get(prefix + _EXTRA_STATE_KEY_SUFFIX)
+            if _fingerprint(record) not in (None, self.kernel_format.fingerprint):
+                self._check_settings(state_dict, prefix, _fingerprint(record))
+            self._check_format(record, state_dict[prefix + "qweight"])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def packed(self) -> PackedLinear:
@@ -304,6 +342,17 @@ def _check_like(where: str, name: str, value: Any, buffer: torch.Tensor) -> None
     if not isinstance(value, torch.Tensor) or value.shape != buffer.shape:
         raise QuantizationError(f"{where}: {name} must be a tensor of shape "
                                 f"{tuple(buffer.shape)}; got {_describe(value)}")
+
+
+def _type_of_fingerprint(fingerprint: str, nbits: int, bk: int) -> DType | None:
+    """The ``nbits``-bit type whose kernel format of K tile ``bk`` has ``fingerprint``."""
+    from lowvm.dtypes import all_dtypes
+    from lowvm.nn.kernel_format import kernel_format
+
+    for wtype in all_dtypes():
+        if wtype.nbits == nbits and kernel_format(wtype, bk).fingerprint == fingerprint:
+            return wtype
+    return None
 
 
 def _fingerprint(record: Any) -> str | None:

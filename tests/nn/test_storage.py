@@ -273,3 +273,24 @@ def test_checkpoint_tensor_record_is_checked_when_loading(tmp_path):
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(WeightFormatError, match="kernel format 0000000000000000"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("saved, wanted, needle", [
+    (("int3", 128), ("int4", 128), "bits per weight: the checkpoint's codes take 3, this "
+                                   "layer's int4 4"),
+    (("float4_e2m1", 128), ("int4", 128), "type: the checkpoint holds float4_e2m1, this "
+                                          "layer int4"),
+    (("uint4", 128), ("int4", 128), "zero points: the checkpoint has them"),
+    (("int4", 128), ("int4", 64), "group size: the checkpoint's is 128, this layer's 64"),
+    (("int4", 64), ("uint4", 64), "zero points: the checkpoint has none"),
+])
+def test_a_checkpoint_of_other_settings_names_the_difference(saved, wanted, needle):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 128, dtype=torch.float16)
+    source = QuantLinear.from_linear(linear, *saved)
+    target = QuantLinear(256, 128, *wanted, bias=True)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(WeightFormatError) as e:
+        target.load_state_dict(source.state_dict())
+    assert needle in str(e.value) and "layout changed" not in str(e.value)
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
