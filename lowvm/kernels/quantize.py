@@ -21,7 +21,7 @@ import numpy as np
 from lowvm.dtypes import DType, encode
 from lowvm.dtypes import dtype as as_dtype
 
-__all__ = ["round_to_nearest", "quantize_to_codes"]
+__all__ = ["round_to_nearest", "required_scales", "quantize_to_codes"]
 
 _FP16_MAX = 65504.0
 _FP16_TINY = 2.0**-24  # smallest positive float16 (subnormal)
@@ -53,6 +53,23 @@ def _encode_float(scaled: Any, wtype: DType) -> Any:
     return torch.cat(parts).to(scaled.device)
 
 
+def required_scales(weight: Any, wtype: DType, group: int, zero_point: bool = False) -> Any:
+    """float32 ``[N, K/group]``: the scale each group of ``weight [N, K]`` needs before it is
+    rounded to float16 (:func:`round_to_nearest`'s rule; callers check the range with it)."""
+    n, k = weight.shape
+    return _scales_of(weight.detach().float().reshape(n, k // group, group), wtype, zero_point)
+
+
+def _scales_of(w: Any, wtype: DType, zero_point: bool) -> Any:
+    """Per group of ``w [N, G, group]``: ``absmax / max_value``, or with a zero point the
+    range ``[min(w, 0), max(w, 0)]`` over the ``2**N - 1`` steps of the codes."""
+    if zero_point:
+        hi = w.amax(dim=-1).clamp(min=0)
+        lo = w.amin(dim=-1).clamp(max=0)
+        return (hi - lo) / float(2**wtype.nbits - 1)
+    return w.abs().amax(dim=-1) / wtype.max_value
+
+
 def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = False
                      ) -> tuple[Any, Any, Any]:
     """``weight [N, K]`` (torch) -> ``(codes [N, K] uint8, scales [G, N] fp16,
@@ -65,15 +82,14 @@ def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = F
     if zero_point:
         qmax = float(2**wt.nbits - 1)
         lo = w.amin(dim=-1).clamp(max=0)
-        hi = w.amax(dim=-1).clamp(min=0)
-        scale = _to_fp16_scale((hi - lo) / qmax, round_up=True)
+        scale = _to_fp16_scale(_scales_of(w, wt, True), round_up=True)
         s = scale.float().unsqueeze(-1)
         zero = torch.round(-lo / scale.float()).clamp(0, qmax)
         q = (torch.round(w / s) + zero.unsqueeze(-1)).clamp(0, qmax)
         codes = q.to(torch.uint8)
         zeros = zero.t().contiguous().to(torch.float16)
     else:
-        scale = _to_fp16_scale(w.abs().amax(dim=-1) / wt.max_value)
+        scale = _to_fp16_scale(_scales_of(w, wt, False))
         scaled = w / scale.float().unsqueeze(-1)
         if wt.is_float:
             codes = _encode_float(scaled.reshape(n, k).cpu(), wt).to(weight.device)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from lowvm.kernels.quantize import round_to_nearest
+from lowvm.kernels.quantize import required_scales, round_to_nearest
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.spec import QuantSpec
 
@@ -33,14 +33,8 @@ def check_quantizable(weight: torch.Tensor, spec: QuantSpec, where: str) -> None
             f"{where}: the weight holds {bad.shape[0]} non-finite value(s), the first "
             f"{float(w[row, col])} at row {row}, column {col}; quantized weights must be "
             "finite (a NaN or inf would make its whole group's scale meaningless)")
-    n, k = w.shape
     group = spec.group_size
-    groups = w.float().reshape(n, k // group, group)
-    if spec.zero_point:
-        spread = (groups.amax(-1).clamp(min=0) - groups.amin(-1).clamp(max=0))
-        scale = spread / float(2**spec.wtype.nbits - 1)
-    else:
-        scale = groups.abs().amax(-1) / spec.wtype.max_value
+    scale = required_scales(w, spec.wtype, group, spec.zero_point)
     for bad, what in ((scale > FP16_SCALE_MAX, f"above float16's largest, {FP16_SCALE_MAX:g}"),
                       ((scale > 0) & (scale < FP16_SCALE_MIN),
                        f"below float16's smallest positive value, {FP16_SCALE_MIN:.3g}")):
