@@ -22,8 +22,8 @@ from lowvm.bench.errors import BenchError
 from lowvm.bench.results import DEFAULT_ROOT, GEMM_KINDS, load
 
 __all__ = ["BEGIN", "END", "SUMMARY_BEGIN", "SUMMARY_END", "DEFAULT_DOC", "DEFAULT_README",
-           "newest_results", "markdown_table", "render_doc", "render", "reproducing_command",
-           "summary", "splice", "main"]
+           "newest_results", "load_all", "markdown_table", "render_doc", "render",
+           "reproducing_command", "summary", "splice", "main"]
 
 BEGIN = "<!-- results:begin -->"
 END = "<!-- results:end -->"
@@ -180,17 +180,26 @@ def reproducing_command(command: str) -> str:
     return " ".join(shlex.quote(w) for w in kept)
 
 
-def render(paths: Sequence[Path]) -> str:
+Loaded = Sequence[tuple[dict[str, Any], Path]]
+
+
+def load_all(paths: Sequence[Path]) -> list[tuple[dict[str, Any], Path]]:
+    """Each results file read once, beside its path (what :func:`render` and
+    :func:`summary` take)."""
+    return [(load(p), p) for p in paths]
+
+
+def render(loaded: Loaded) -> str:
     """The generated part of the document: every file's section."""
-    if not paths:
+    if not loaded:
         return "No results yet: run a scenario, e.g. `python -m lowvm.bench gemm-decode`."
-    return "\n\n".join(render_doc(load(p), str(p)) for p in paths)
+    return "\n\n".join(render_doc(doc, str(p)) for doc, p in loaded)
 
 
-def summary(paths: Sequence[Path]) -> str:
+def summary(loaded: Loaded) -> str:
     """README's short table: decode GEMMs at M = 1 and 16 in a CUDA graph (lowvm, Marlin,
     cuBLAS float16) and the serving loop's int4 speed-up, from the newest results."""
-    docs = {load(p).get("scenario"): (load(p), p) for p in paths}
+    docs = {doc.get("scenario"): (doc, p) for doc, p in loaded}
     parts = []
     if "gemm-decode" in docs:
         doc, path = docs["gemm-decode"]
@@ -240,9 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                              "has no markers)")
     opts = parser.parse_args(argv)
     try:
-        paths = newest_results(opts.results)
-        generated = render(paths)
-        short = summary(paths)
+        loaded = load_all(newest_results(opts.results))
+        generated = render(loaded)
+        short = summary(loaded)
     except (BenchError, json.JSONDecodeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -224,7 +224,7 @@ def test_summary_takes_marlin_cublas_and_the_serving_speed_up(tmp_path):
         path = tmp_path / f"{doc['scenario']}.json"
         path.write_text(json.dumps(doc))
         paths.append(path)
-    text = report.summary(paths)
+    text = report.summary(report.load_all(paths))
     assert "| 4096x6144 | 1 | 9.0 | 11.0 | 21.0 |" in text
     assert "| 64 |" not in text  # only M = 1 and 16
     assert "| int4 | 1 | loop | 260.0 | 2.60 | 2.7 | 5120 | 0.117 |" in text
