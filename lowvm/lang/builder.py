@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from lowvm.instructions.base import Instruction
 
 __all__ = ["Builder", "current", "user_location", "traceback_location", "Pointer",
-           "DEFAULT_MAX_SHARED_BYTES"]
+           "DEFAULT_MAX_SHARED_BYTES", "MAX_WARPS", "is_warp_count"]
+
+#: the most warps a block may have (1024 threads, CUDA's limit)
+MAX_WARPS = 32
+
+
+def is_warp_count(n: object) -> bool:
+    """Whether ``n`` is a warp count a block can have: an integer (not a bool) in
+    1..``MAX_WARPS``; ``@vm.program(warps=...)`` and ``vm.set_warps`` both ask."""
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_WARPS
 
 _state = threading.local()
 

@@ -55,7 +55,7 @@ from lowvm.ir import (
     seq,
     set_tile_operator,
 )
-from lowvm.lang.builder import Pointer, current, user_location
+from lowvm.lang.builder import MAX_WARPS, Pointer, current, is_warp_count, user_location
 from lowvm.layouts import (
     GlobalLayout,
     RegisterLayout,
@@ -139,8 +139,8 @@ def set_grid(*dims: ExprLike) -> None:
 def set_warps(n: int) -> None:
     """Warps per block (a compile-time integer), before any register tile is created."""
     b = current()
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 32:
-        raise _fail(f"set_warps: n must be an integer in [1, 32], got {n!r}")
+    if not is_warp_count(n):
+        raise _fail(f"set_warps: n must be an integer in [1, {MAX_WARPS}], got {n!r}")
     if b.tiles_created and b.num_warps != n:
         raise _fail("set_warps: call it before creating register tiles")
     b.num_warps = n

@@ -19,9 +19,11 @@ from lowvm.errors import LowvmError
 from lowvm.ir import Param, PointerType, Program, ProgramError, SourceLoc
 from lowvm.lang.builder import (
     DEFAULT_MAX_SHARED_BYTES,
+    MAX_WARPS,
     Builder,
     Pointer,
     activate,
+    is_warp_count,
     traceback_location,
     user_location,
 )
@@ -75,9 +77,6 @@ def _locate(exc: LowvmError) -> None:
         raise exc from None
     raise located.with_traceback(exc.__traceback__) from None
 
-
-#: the most warps a block may have (1024 threads, CUDA's limit)
-MAX_WARPS = 32
 
 #: annotations of compile-time parameters whose values are checked when a program is built
 _KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
@@ -203,8 +202,7 @@ def program(fn: Callable | None = None, *, warps: int | None = None, name: str |
             max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES):
     """Decorator: turn a function into a VM program template (see module docstring)."""
 
-    if warps is not None and (not isinstance(warps, int) or isinstance(warps, bool)
-                              or not 1 <= warps <= MAX_WARPS):
+    if warps is not None and not is_warp_count(warps):
         raise ProgramError(f"@vm.program: warps must be an integer in [1, {MAX_WARPS}] "
                            f"(at most {MAX_WARPS * 32} threads per block), got {warps!r}",
                            user_location())
