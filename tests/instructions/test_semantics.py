@@ -1095,8 +1095,12 @@ def test_arrive_lets_the_last_block_finish_and_resets_itself():
     parts, ws, counters, out, seen = _arrive_buffers()
     for _ in range(2):  # the counters and the workspace are ready again after a launch
         lowvm.interpret(last_block_sums, parts, ws, counters, out, seen)
-        want = parts.reshape(2, 4, 32).astype(np.float64).sum(axis=1).reshape(-1)
-        assert np.allclose(out, want, rtol=1e-6)
+        # blocks run in order: each group's float32 sum, added block by block (a float64
+        # reference with a relative bound fails where the parts nearly cancel)
+        want = np.zeros((2, 32), np.float32)
+        for b in range(4):
+            want = want + parts.reshape(2, 4, 32)[:, b]
+        assert np.array_equal(out, want.reshape(-1))
         assert not ws.any() and not counters.any()
         # blocks run in order in the interpreter: block b of each group saw b arrivals
         assert np.array_equal(seen.reshape(2, 4, 32)[:, :, 0], np.tile(np.arange(4), (2, 1)))
