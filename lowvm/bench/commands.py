@@ -1,4 +1,5 @@
-"""Scenarios that run a command: the serving loop, the GPU tests, the sanitizers.
+"""Scenarios that run a command: the serving loop, quality, fuzzing, the GPU tests, the
+sanitizers.
 
 Each runs its command as a subprocess (output streamed to the terminal), then turns what
 it left behind into a results document of the same layout as the GEMM tables: ``ok``
@@ -101,21 +102,34 @@ def _run(cmd: list[str], log_path: Path | None = None) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-def _serving(sc: Scenario, out: Path) -> tuple[bool, list[dict[str, Any]], dict[str, Any]]:
+def _json_result(sc: Scenario, out: Path, file: str, key: str
+                 ) -> tuple[bool, list[dict[str, Any]], dict[str, Any]]:
+    """Run the command; its ``{out}/<file>`` holds ``rows`` (and, beside them, the
+    command's own summary, kept under ``key``; an ``ok`` there must be true too)."""
     cmd = expand(sc.command, out)
     rc, text = _run(cmd)
     extra: dict[str, Any] = {"exit_status": rc, "argv": cmd[1:]}
-    path = out / "serving.json"
+    path = out / file
     if not path.is_file():
-        extra["note"] = f"the serving command wrote no JSON (exit {rc}): {text[-300:]}"
+        extra["note"] = f"the command wrote no {file} (exit {rc}): {text[-300:]}"
         return False, [], extra
     data = json.loads(path.read_text())
     rows = data.get("rows") if isinstance(data, dict) else data
     if not isinstance(rows, list):
         rows = [data]
+    ok = rc == 0
     if isinstance(data, dict):
-        extra["serving"] = {k: v for k, v in data.items() if k != "rows"}
-    return rc == 0, [r for r in rows if isinstance(r, dict)], extra
+        extra[key] = {k: v for k, v in data.items() if k != "rows"}
+        ok = ok and data.get("ok", True) is True
+    return ok, [r for r in rows if isinstance(r, dict)], extra
+
+
+def _serving(sc: Scenario, out: Path) -> tuple[bool, list[dict[str, Any]], dict[str, Any]]:
+    return _json_result(sc, out, "serving.json", "serving")
+
+
+def _json(sc: Scenario, out: Path) -> tuple[bool, list[dict[str, Any]], dict[str, Any]]:
+    return _json_result(sc, out, "result.json", "summary")
 
 
 def _pytest(sc: Scenario, out: Path) -> tuple[bool, list[dict[str, Any]], dict[str, Any]]:
@@ -145,7 +159,7 @@ def _sanitizers(sc: Scenario, out: Path) -> tuple[bool, list[dict[str, Any]], di
     return ok, rows, {}
 
 
-_RUNNERS = {"serving": _serving, "pytest": _pytest, "sanitizers": _sanitizers}
+_RUNNERS = {"serving": _serving, "json": _json, "pytest": _pytest, "sanitizers": _sanitizers}
 
 
 def run_command_scenario(sc: Scenario, argv: list[str] | None = None) -> dict[str, Any]:

@@ -6,8 +6,9 @@ schedules (``kind`` "schedules": at each shape and decode M, the schedule
 ``quant_linear`` chooses against its neighbours in :func:`lowvm.tune.library_space`:
 the evidence behind the thresholds in :mod:`lowvm.kernels`), or a command run as a
 subprocess whose outcome becomes the result (``kind`` "serving", "pytest",
-"sanitizers"). Options on the command line (``--shape``, ``--m``, ``--dtype``, ...)
-override a scenario's values; with no scenario name they define an ad-hoc one.
+"sanitizers", or "json": a command that writes ``{out}/result.json`` with ``rows``).
+Options on the command line (``--shape``, ``--m``, ``--dtype``, ...) override a
+scenario's values; with no scenario name they define an ad-hoc one.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from lowvm.runtime.timing import METHODS
 
 __all__ = ["KINDS", "Scenario", "SCENARIOS", "ADHOC", "scenario", "weight_type_names"]
 
-KINDS = ("gemm", "schedules", "serving", "pytest", "sanitizers")
+KINDS = ("gemm", "schedules", "serving", "json", "pytest", "sanitizers")
 
 
 def weight_type_names() -> tuple[str, ...]:
@@ -92,8 +93,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
                       "--dtype", "int4,int3,int2", "--batch-sizes", "1,16",
                       "--modes", "loop", "--new-tokens", "128",
                       "--json", "{out}/serving.json")),
+    Scenario("quality", "json",
+             "held-out perplexity of a small Llama trained on the Python standard library's "
+             "sources: float16 against RTN, GPTQ and bit budgets at int8..int2",
+             command=("{python}", "-m", "lowvm.evaluation", "--json", "{out}/result.json")),
+    Scenario("fuzz", "json",
+             "random valid VM programs run in the interpreter and compiled on the GPU, "
+             "compared bit-exactly",
+             command=("{python}", "-m", "lowvm.fuzz", "--device", "cuda", "--programs", "3000",
+                      "--json", "{out}/result.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
-             command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-p",
+             command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-n", "8", "-p",
                       "no:cacheprovider", "--junitxml", "{out}/junit.xml", "tests")),
     Scenario("sanitizers", "sanitizers",
              "compute-sanitizer memcheck and racecheck over small quantized-GEMM launches",

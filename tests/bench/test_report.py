@@ -18,7 +18,7 @@ from lowvm.bench import (
     report,
     results,
 )
-from lowvm.bench.scenarios import SCENARIOS
+from lowvm.bench.scenarios import SCENARIOS, Scenario
 from lowvm.runtime.timing import summarize
 
 FMT = counting.quant_format(4, 128)
@@ -259,3 +259,14 @@ def test_a_report_written_elsewhere_leaves_the_checkouts_readme_alone(tmp_path, 
     readme.write_text(f"{report.SUMMARY_BEGIN}\nold\n{report.SUMMARY_END}\n")
     assert report.main(["--results", "results", "--doc", "elsewhere.md"]) == 0
     assert "old" in readme.read_text()
+
+
+def test_a_json_scenario_fails_when_its_command_reports_not_ok(tmp_path, monkeypatch):
+    from lowvm.bench import commands
+
+    sc = Scenario("probe", "json", "writes result.json",
+                  command=("{python}", "-c", "import json, sys; json.dump({'ok': False, "
+                           "'programs': 3, 'rows': [{'a': 1}]}, open(sys.argv[1], 'w'))",
+                           "{out}/result.json"))
+    ok, rows, extra = commands._json(sc, tmp_path)
+    assert not ok and rows == [{"a": 1}] and extra["summary"] == {"ok": False, "programs": 3}
