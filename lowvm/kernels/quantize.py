@@ -10,22 +10,28 @@ to nearest even with saturation). Unsigned types with a zero point: per group th
 ``[min(w, 0), max(w, 0)]`` maps onto ``[0, 2**N - 1]`` with an integer zero point, so 0.0
 stays exact. Scales are rounded to float16 *before* the weights are divided by them, so
 that dequantization with the stored scale is the rounding the codes were chosen for.
+
+The two steps are exposed for quantizers that choose a group's parameters themselves
+(GPTQ, with error feedback and a clipping search): :func:`group_params` (a group's scale
+and zero point), :func:`quantize_with` (codes given them) and :func:`dequantize_with`
+(the values lowvm will decode, bit for bit).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-from lowvm.dtypes import DType, encode
+from lowvm.dtypes import DType, decode
 from lowvm.dtypes import dtype as as_dtype
 
-__all__ = ["round_to_nearest", "required_scales", "quantize_to_codes"]
+__all__ = ["round_to_nearest", "required_scales", "quantize_to_codes", "group_params",
+           "quantize_with", "dequantize_with", "code_values"]
 
 _FP16_MAX = 65504.0
 _FP16_TINY = 2.0**-24  # smallest positive float16 (subnormal)
-_ROWS_PER_CHUNK = 256  # bounds the float64 copy numpy's exact float encoder makes
 
 
 def _to_fp16_scale(scale: Any, round_up: bool = False) -> Any:
@@ -44,13 +50,42 @@ def _to_fp16_scale(scale: Any, round_up: bool = False) -> Any:
     return half
 
 
+@functools.cache
+def _float_grid(wtype: DType) -> tuple[np.ndarray, np.ndarray]:
+    """Positive finite values of a small float type, ascending (index == code), and the
+    exact midpoints between neighbours (the rounding boundaries of :func:`encode`)."""
+    half = decode(np.arange(2 ** (wtype.nbits - 1)), wtype).astype(np.float64)
+    values = half[np.isfinite(half)]  # specials sit at the top codes: a prefix remains
+    return values, (values[:-1] + values[1:]) / 2
+
+
+@functools.cache
+def _value_table(wtype: DType) -> np.ndarray:
+    return decode(np.arange(2**wtype.nbits), wtype)
+
+
 def _encode_float(scaled: Any, wtype: DType) -> Any:
-    """Codes of a small float type, chunked over rows (exact RNE from lowvm.dtypes)."""
+    """Codes of a small float type in torch, on ``scaled``'s device: the rule of
+    :func:`lowvm.dtypes.encode` (nearest, ties to the even code, saturation at the largest
+    finite value, the sign of zero kept), compared in float64 so every boundary is exact."""
     import torch
 
-    parts = [torch.from_numpy(encode(chunk.numpy(), wtype))
-             for chunk in scaled.split(_ROWS_PER_CHUNK)]
-    return torch.cat(parts).to(scaled.device)
+    _, mids = _float_grid(wtype)
+    bounds = torch.from_numpy(mids).to(scaled.device)
+    mag = scaled.abs().double()
+    idx = torch.searchsorted(bounds, mag)  # nearest code; a tie gives the lower one
+    at_mid = bounds[idx.clamp(max=len(mids) - 1)] == mag
+    idx = idx + (at_mid & (idx % 2 == 1)).long()  # tie: the even (mantissa LSB 0) code
+    sign = torch.signbit(scaled).long() << (wtype.nbits - 1)
+    return (idx | sign).to(torch.uint8)
+
+
+def code_values(codes: Any, wtype: DType) -> Any:
+    """float32 value of each code (a table look-up, as lowvm dequantizes)."""
+    import torch
+
+    table = torch.from_numpy(_value_table(wtype)).to(codes.device)
+    return table[codes.long()]
 
 
 def required_scales(weight: Any, wtype: DType, group: int, zero_point: bool = False) -> Any:
@@ -60,14 +95,62 @@ def required_scales(weight: Any, wtype: DType, group: int, zero_point: bool = Fa
     return _scales_of(weight.detach().float().reshape(n, k // group, group), wtype, zero_point)
 
 
-def _scales_of(w: Any, wtype: DType, zero_point: bool) -> Any:
-    """Per group of ``w [N, G, group]``: ``absmax / max_value``, or with a zero point the
-    range ``[min(w, 0), max(w, 0)]`` over the ``2**N - 1`` steps of the codes."""
+def _scales_of(w: Any, wtype: DType, zero_point: bool, clip: float = 1.0) -> Any:
+    """Per group of ``w [..., group]``: ``absmax / max_value``, or with a zero point the
+    range ``[min(w, 0), max(w, 0)]`` over the ``2**N - 1`` steps of the codes; ``clip``
+    shrinks the range first."""
     if zero_point:
         hi = w.amax(dim=-1).clamp(min=0)
         lo = w.amin(dim=-1).clamp(max=0)
+        if clip != 1.0:
+            hi, lo = hi * clip, lo * clip
         return (hi - lo) / float(2**wtype.nbits - 1)
-    return w.abs().amax(dim=-1) / wtype.max_value
+    absmax = w.abs().amax(dim=-1)
+    return (absmax * clip if clip != 1.0 else absmax) / wtype.max_value
+
+
+def group_params(w: Any, wtype: DType, zero_point: bool, clip: float = 1.0
+                 ) -> tuple[Any, Any]:
+    """The stored parameters of each group of ``w [..., group]`` (float32): ``(scale
+    float16 [...], zero float32 [...] | None)``; the zero is an integer code in
+    ``[0, 2**N - 1]``. ``clip`` < 1 shrinks the group's range (values beyond it saturate)."""
+    import torch
+
+    if not zero_point:
+        return _to_fp16_scale(_scales_of(w, wtype, False, clip)), None
+    lo = w.amin(dim=-1).clamp(max=0)
+    if clip != 1.0:
+        lo = lo * clip
+    scale = _to_fp16_scale(_scales_of(w, wtype, True, clip), round_up=True)
+    zero = torch.round(-lo / scale.float()).clamp(0, float(2**wtype.nbits - 1))
+    return scale, zero
+
+
+def quantize_with(w: Any, scale: Any, zero: Any, wtype: DType) -> Any:
+    """Codes (uint8, ``w``'s shape) of float32 ``w`` given float16 ``scale`` and float32
+    ``zero`` (None for symmetric types), both broadcastable to ``w``: the rounding that
+    :func:`round_to_nearest` applies once a group's parameters are chosen."""
+    import torch
+
+    s = scale.float()
+    if zero is not None:
+        qmax = float(2**wtype.nbits - 1)
+        return (torch.round(w / s) + zero).clamp(0, qmax).to(torch.uint8)
+    scaled = w / s
+    if wtype.is_float:
+        return _encode_float(scaled, wtype)
+    q = torch.round(scaled).clamp(wtype.min_value, wtype.max_value).to(torch.int16)
+    return (q & (2**wtype.nbits - 1)).to(torch.uint8)  # two's complement code
+
+
+def dequantize_with(codes: Any, scale: Any, zero: Any, wtype: DType) -> Any:
+    """float32 values of ``codes`` with float16 ``scale`` and ``zero`` (None: symmetric),
+    broadcastable: ``(value(code) - zero) * scale``, the operations lowvm's dequantization
+    performs, so the result is bit-identical to it."""
+    values = code_values(codes, wtype)
+    if zero is not None:
+        values = values - zero.float()
+    return values * scale.float()
 
 
 def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = False
@@ -76,27 +159,12 @@ def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = F
     zeros [G, N] | None)``, computed in float32 on the weight's device."""
     import torch
 
-    wt = wtype
     n, k = weight.shape
     w = weight.detach().float().reshape(n, k // group, group)
-    if zero_point:
-        qmax = float(2**wt.nbits - 1)
-        lo = w.amin(dim=-1).clamp(max=0)
-        scale = _to_fp16_scale(_scales_of(w, wt, True), round_up=True)
-        s = scale.float().unsqueeze(-1)
-        zero = torch.round(-lo / scale.float()).clamp(0, qmax)
-        q = (torch.round(w / s) + zero.unsqueeze(-1)).clamp(0, qmax)
-        codes = q.to(torch.uint8)
-        zeros = zero.t().contiguous().to(torch.float16)
-    else:
-        scale = _to_fp16_scale(_scales_of(w, wt, False))
-        scaled = w / scale.float().unsqueeze(-1)
-        if wt.is_float:
-            codes = _encode_float(scaled.reshape(n, k).cpu(), wt).to(weight.device)
-        else:
-            q = torch.round(scaled).clamp(wt.min_value, wt.max_value).to(torch.int16)
-            codes = (q & (2**wt.nbits - 1)).to(torch.uint8)  # two's complement code
-        zeros = None
+    scale, zero = group_params(w, wtype, zero_point)
+    codes = quantize_with(w, scale.unsqueeze(-1), None if zero is None else zero.unsqueeze(-1),
+                          wtype)
+    zeros = None if zero is None else zero.t().contiguous().to(torch.float16)
     return codes.reshape(n, k), scale.t().contiguous(), zeros
 
 
