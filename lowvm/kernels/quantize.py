@@ -59,9 +59,15 @@ def _float_grid(wtype: DType) -> tuple[np.ndarray, np.ndarray]:
     return values, (values[:-1] + values[1:]) / 2
 
 
-@functools.cache
-def _value_table(wtype: DType) -> np.ndarray:
-    return decode(np.arange(2**wtype.nbits), wtype)
+@functools.lru_cache(maxsize=256)
+def _device_table(wtype: DType, which: str, device: Any) -> Any:
+    """A small constant on ``device``, made once (not copied to the GPU per column):
+    ``"values"``, float32 value of every code; ``"mids"``, the float grid's midpoints."""
+    import torch
+
+    if which == "values":
+        return torch.from_numpy(decode(np.arange(2**wtype.nbits), wtype)).to(device)
+    return torch.from_numpy(_float_grid(wtype)[1]).to(device)
 
 
 def _encode_float(scaled: Any, wtype: DType) -> Any:
@@ -70,11 +76,10 @@ def _encode_float(scaled: Any, wtype: DType) -> Any:
     finite value, the sign of zero kept), compared in float64 so every boundary is exact."""
     import torch
 
-    _, mids = _float_grid(wtype)
-    bounds = torch.from_numpy(mids).to(scaled.device)
+    bounds = _device_table(wtype, "mids", scaled.device)
     mag = scaled.abs().double()
     idx = torch.searchsorted(bounds, mag)  # nearest code; a tie gives the lower one
-    at_mid = bounds[idx.clamp(max=len(mids) - 1)] == mag
+    at_mid = bounds[idx.clamp(max=len(bounds) - 1)] == mag
     idx = idx + (at_mid & (idx % 2 == 1)).long()  # tie: the even (mantissa LSB 0) code
     sign = torch.signbit(scaled).long() << (wtype.nbits - 1)
     return (idx | sign).to(torch.uint8)
@@ -82,10 +87,7 @@ def _encode_float(scaled: Any, wtype: DType) -> Any:
 
 def code_values(codes: Any, wtype: DType) -> Any:
     """float32 value of each code (a table look-up, as lowvm dequantizes)."""
-    import torch
-
-    table = torch.from_numpy(_value_table(wtype)).to(codes.device)
-    return table[codes.long()]
+    return _device_table(wtype, "values", codes.device)[codes.long()]
 
 
 def required_scales(weight: Any, wtype: DType, group: int, zero_point: bool = False) -> Any:

@@ -1,8 +1,13 @@
 """``quantize_model``: replace a model's ``nn.Linear`` layers by ``QuantLinear`` in place.
 
-Every layer is checked and quantized before the first one is swapped in, so a bad setting
-or a failure half-way leaves the model exactly as it was. Per-layer types come from glob
-patterns on module names; the resolved per-layer formats are recorded in the model's
+Every setting is checked for every layer before any layer is touched. Round to nearest
+quantizes every layer before the first one is swapped in, so a failure half-way leaves the
+model exactly as it was. GPTQ (:mod:`lowvm.nn.gptq`, fed by :mod:`lowvm.nn.calibration`)
+must swap block by block, since each block's calibration inputs come from the quantized
+blocks before it; if it fails half-way, the layers already swapped are put back before the
+error propagates. With ``bits``, the per-layer types are chosen for a bits-per-weight
+budget (:mod:`lowvm.nn.bit_budget`). Per-layer types come from glob patterns on module
+names (or the budget's plan); the resolved per-layer formats are recorded in the model's
 ``config.quantization_config`` (a :class:`~lowvm.nn.hf_config.LowvmConfig`) so that
 ``save_pretrained`` / ``from_pretrained`` rebuild the same layers.
 """
@@ -18,7 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lowvm.nn.bit_budget import BudgetPlan, check_bits, check_candidates, layer_bytes, solve_budget
+from lowvm.nn.calibration import find_blocks, prepare_calibration, run_blocks
 from lowvm.nn.errors import QuantizationError
+from lowvm.nn.gptq import gptq_quantize, proxy_error
 from lowvm.nn.quant_linear import QuantLinear
 from lowvm.nn.spec import QuantSpec, make_spec
 
@@ -39,6 +47,11 @@ class QuantReport:
         return len(self.replaced)
 
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> layer_config()
+    method: str = "rtn"  # "rtn" or "gptq"
+    #: GPTQ layers: tr(ΔW H ΔWᵀ) on the calibration inputs (H = 2/n Σ x xᵀ)
+    errors: dict[str, float] = field(default_factory=dict)
+    plan: BudgetPlan | None = None  # the per-layer types chosen for ``bits``
+    notes: list[str] = field(default_factory=list)  # e.g. layers rounded without calibration
 
     def modules(self) -> dict[str, dict[str, Any]]:
         """Per-layer formats, JSON-able (what LowvmConfig.modules records)."""
@@ -150,35 +163,214 @@ def _progress(items: list[str], enabled: bool) -> Iterable[str]:
     return tqdm(items, desc="lowvm: quantizing", unit="layer")
 
 
-def quantize_model(model: nn.Module, dtype: Any = "int4", group_size: int | None = 128,
-                   zero_point: bool | None = None, skip: Iterable[str] = ("lm_head",),
-                   progress: bool = True) -> QuantReport:
-    """Quantize every ``nn.Linear`` of ``model`` in place (round to nearest); return a report.
+_METHODS = ("rtn", "gptq")
 
-    ``dtype`` is one type for all layers, or ``{glob: type}`` matched against module names
-    (and their dotted suffixes: ``"mlp.down_proj"`` matches every layer's down_proj); the
-    longest matching pattern wins, a value of None (or no match) leaves a layer dense.
-    ``skip`` globs are never quantized, nor are weights tied to another module.
+
+def quantize_model(model: nn.Module, dtype: Any = None, group_size: int | None = 128,
+                   zero_point: bool | None = None, skip: Iterable[str] = ("lm_head",),
+                   progress: bool = True, *, method: str | None = None,
+                   calibration: Iterable[Any] | None = None, act_order: bool = False,
+                   damp: float = 0.01, bits: float | None = None,
+                   candidates: Iterable[Any] | None = None) -> QuantReport:
+    """Quantize every ``nn.Linear`` of ``model`` in place; return a report.
+
+    ``dtype`` (default ``"int4"``) is one type for all layers, or ``{glob: type}`` matched
+    against module names (and their dotted suffixes: ``"mlp.down_proj"`` matches every
+    layer's down_proj); the longest matching pattern wins, a value of None (or no match)
+    leaves a layer dense. ``skip`` globs are never quantized, nor are weights tied to
+    another module.
+
+    ``method``: ``"rtn"`` (round to nearest; the default without ``bits``) or ``"gptq"``
+    (the default with ``bits``), which needs ``calibration``: an iterable of ``input_ids``
+    tensors (``[B, T]`` or ``[T]``) or dicts of model inputs. ``act_order`` (GPTQ): columns
+    by decreasing input energy, stored with an input permutation. ``damp`` (GPTQ): fraction
+    of ``mean(diag H)`` added to the Hessian's diagonal.
+
+    ``bits``: an average bits-per-weight budget (scales and zero points included, biases
+    not) over the quantized layers, instead of ``dtype``: each layer gets one of
+    ``candidates`` (default int2..int8), chosen to minimise the summed Hessian-weighted
+    output error measured on ``calibration`` (GPTQ errors with ``method="gptq"``, round to
+    nearest errors with ``"rtn"``); ``report.plan`` holds the table (printed with
+    ``progress``).
     """
     skip = (skip,) if isinstance(skip, str) else tuple(skip or ())
-    plan, skipped = plan_layers(model, dtype, group_size, zero_point, skip)
+    if method is None:
+        method = "rtn" if bits is None else "gptq"
+    if method not in _METHODS:
+        raise QuantizationError(f"quantize_model: method must be one of {_METHODS}; got "
+                                f"{method!r}")
+    if method == "gptq":
+        _check_gptq_settings(act_order, damp)
+    elif act_order is not False:
+        raise QuantizationError(f"quantize_model: act_order={act_order!r} needs "
+                                "method='gptq' (round to nearest has no column order)")
+    if bits is not None:
+        return _quantize_to_budget(model, bits, candidates, dtype, group_size, zero_point, skip,
+                                   progress, method, calibration, act_order, damp)
+    if candidates is not None:
+        raise QuantizationError(f"quantize_model: candidates={candidates!r} is only used "
+                                "with bits=...; give bits, or drop candidates")
+    dtype = "int4" if dtype is None else dtype
+    if method == "rtn":
+        if calibration is not None:
+            raise QuantizationError("quantize_model: calibration was given but method='rtn' "
+                                    "does not use it; pass method='gptq' (or bits=...)")
+        plan, skipped = plan_layers(model, dtype, group_size, zero_point, skip)
+        report = QuantReport(skipped=skipped)
+        _round_and_swap(model, plan, report, progress)
+    else:
+        if calibration is None:
+            raise QuantizationError("quantize_model: method='gptq' needs calibration: an "
+                                    "iterable of input_ids tensors (or dicts of model inputs)")
+        plan, skipped = plan_layers(model, dtype, group_size, zero_point, skip)
+        samples = prepare_calibration(calibration)
+        find_blocks(model)
+        report = QuantReport(skipped=skipped, method="gptq")
+        _gptq_and_swap(model, plan, samples, act_order, damp, report, progress)
+    report.replaced = plan
+    _record_config(model, report, dtype, group_size, zero_point, skip)
+    return report
+
+
+def _check_gptq_settings(act_order: Any, damp: Any) -> None:
+    if not isinstance(act_order, bool):
+        raise QuantizationError(f"quantize_model: act_order must be True or False; got "
+                                f"{act_order!r}")
+    if (isinstance(damp, bool) or not isinstance(damp, (int, float)) or not 0 <= damp <= 1
+            or damp != damp):
+        raise QuantizationError(f"quantize_model: damp must be a number in [0, 1] (a "
+                                f"fraction of mean(diag H)); got {damp!r}")
+
+
+def _swap(model: nn.Module, modules: dict[str, nn.Module], name: str, layer: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(modules[parent_name] if parent_name else model, child, layer)
+
+
+def _account(report: QuantReport, name: str, linear: nn.Linear, layer: QuantLinear) -> None:
+    report.bytes_before += sum(p.numel() * p.element_size()
+                               for p in linear.parameters(recurse=False))
+    report.bytes_after += layer.weight_bytes()
+    report.layers[name] = layer.layer_config()
+
+
+def _round_and_swap(model: nn.Module, plan: dict[str, QuantSpec], report: QuantReport,
+                    progress: bool) -> None:
+    """Round to nearest: every layer is built before the first swap (a failure changes
+    nothing)."""
     modules = dict(model.named_modules())
-    report = QuantReport(skipped=skipped)
     new: dict[str, QuantLinear] = {}
     for name in _progress(list(plan), progress):
         linear = modules[name]
         spec = plan[name]
         new[name] = QuantLinear.from_linear(linear, spec.wtype, spec.group_size, spec.zero_point,
                                             name=name)
-        report.bytes_before += sum(p.numel() * p.element_size()
-                                   for p in linear.parameters(recurse=False))
-        report.bytes_after += new[name].weight_bytes()
-        report.layers[name] = new[name].layer_config()
+        _account(report, name, linear, new[name])
     for name, layer in new.items():  # nothing above touched the model; now swap
-        parent_name, _, child = name.rpartition(".")
-        setattr(modules[parent_name] if parent_name else model, child, layer)
-    report.replaced = plan
-    _record_config(model, report, dtype, group_size, zero_point, skip)
+        _swap(model, modules, name, layer)
+
+
+def _gptq_layer(linear: nn.Linear, hessian: torch.Tensor, spec: QuantSpec, act_order: bool,
+                damp: float, name: str) -> tuple[QuantLinear, float]:
+    """A QuantLinear holding GPTQ's codes for ``linear`` (which is not changed)."""
+    result = gptq_quantize(linear.weight, hessian, spec, act_order=act_order, damp=damp,
+                           where=f"quantize_model: layer {name!r}")
+    layer = QuantLinear(linear.in_features, linear.out_features, spec.wtype, spec.group_size,
+                        spec.zero_point, bias=linear.bias is not None, act_order=act_order,
+                        device=linear.weight.device, bias_dtype=linear.weight.dtype)
+    layer.set_codes(result.codes, result.scales, result.zeros, result.input_perm)
+    if linear.bias is not None:
+        assert layer.bias is not None
+        layer.bias.copy_(linear.bias.detach())
+    return layer, result.error
+
+
+def _gptq_and_swap(model: nn.Module, plan: dict[str, QuantSpec], samples: list[dict[str, Any]],
+                   act_order: bool, damp: float, report: QuantReport, progress: bool) -> None:
+    """GPTQ block by block; on any failure the layers already swapped are put back."""
+    modules = dict(model.named_modules())
+    swapped: dict[str, nn.Module] = {}
+
+    def handle(hessians: dict[str, torch.Tensor | None]) -> bool:
+        for name, hessian in hessians.items():
+            linear = modules[name]
+            spec = plan[name]
+            if hessian is None:
+                layer = QuantLinear.from_linear(linear, spec.wtype, spec.group_size,
+                                                spec.zero_point, name=name)
+                report.notes.append(f"{name}: no calibration input reached it; rounded to "
+                                    "nearest")
+            else:
+                layer, report.errors[name] = _gptq_layer(linear, hessian, spec, act_order,
+                                                         damp, name)
+            _swap(model, modules, name, layer)
+            swapped[name] = linear
+            _account(report, name, linear, layer)
+        return bool(hessians)
+
+    try:
+        run_blocks(model, samples, list(plan), handle, progress=progress, desc="lowvm: GPTQ")
+    except BaseException:
+        for name, linear in swapped.items():
+            _swap(model, modules, name, linear)
+        report.layers.clear()
+        raise
+
+
+def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any,
+                        group_size: int | None, zero_point: bool | None, skip: tuple[str, ...],
+                        progress: bool, method: str, calibration: Any, act_order: bool,
+                        damp: float) -> QuantReport:
+    """Measure every candidate on every layer (one dense pass), plan, then quantize."""
+    bits = check_bits(bits)
+    if dtype is not None:
+        raise QuantizationError(f"quantize_model: dtype={dtype!r} and bits={bits:g} both given;"
+                                " bits chooses each layer's type: drop dtype (the types to "
+                                "choose from are candidates=...)")
+    if calibration is None:
+        raise QuantizationError(f"quantize_model: bits={bits:g} needs calibration (an iterable "
+                                "of input_ids tensors) to measure each type's error per layer")
+    names = check_candidates(candidates)
+    plans = {c: plan_layers(model, c, group_size, zero_point, skip) for c in names}
+    layers, skipped = plans[names[0]]
+    samples = prepare_calibration(calibration)
+    find_blocks(model)
+    modules = dict(model.named_modules())
+    options: dict[str, dict[str, tuple[int, float]]] = {}
+
+    def measure(hessians: dict[str, torch.Tensor | None]) -> bool:
+        for name, hessian in hessians.items():
+            linear = modules[name]
+            k = linear.in_features
+            h = hessian if hessian is not None else torch.zeros(k, k, device=linear.weight.device)
+            options[name] = {}
+            for cand in names:
+                spec = plans[cand][0][name]
+                if method == "gptq" and hessian is not None:
+                    error = gptq_quantize(linear.weight, h, spec, act_order=act_order, damp=damp,
+                                          where=f"quantize_model: layer {name!r}").error
+                else:
+                    rounded = QuantLinear.from_linear(linear, spec.wtype, spec.group_size,
+                                                      spec.zero_point, name=name)
+                    error = proxy_error(linear.weight, rounded.dequantize(), h)
+                options[name][cand] = (layer_bytes(k, linear.out_features, spec,
+                                                   act_order and method == "gptq"), error)
+        return False
+
+    run_blocks(model, samples, list(layers), measure, progress=progress,
+               desc="lowvm: measuring types")
+    weights = {name: modules[name].weight.numel() for name in layers}
+    budget = solve_budget({name: options[name] for name in layers}, weights, bits)
+    chosen = {name: plans[t][0][name] for name, t in budget.dtypes().items()}
+    report = QuantReport(skipped=skipped, method=method, plan=budget)
+    if method == "gptq":
+        _gptq_and_swap(model, chosen, samples, act_order, damp, report, progress)
+    else:
+        _round_and_swap(model, chosen, report, progress)
+    report.replaced = chosen
+    if progress:
+        print(budget)
+    _record_config(model, report, budget.dtypes(), group_size, zero_point, skip)
     return report
 
 

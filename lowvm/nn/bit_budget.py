@@ -1,0 +1,173 @@
+"""Choose each layer's type so that the model fits an average number of bits per weight
+with the least total output error.
+
+Each layer ``l`` and candidate type ``c`` has a size ``bytes[l, c]`` (what the
+:class:`~lowvm.nn.quant_linear.QuantLinear` stores: packed codes, float16 scales, zero
+points, the act-order permutation; the bias is left out, as it is the same for every
+type) and an error ``err[l, c] = tr(ΔW H ΔWᵀ)``, the Hessian-weighted output error of the
+layer quantized to ``c``. The plan minimises ``Σ err`` subject to
+``8 · Σ bytes ≤ bits · Σ weights``: a multiple-choice knapsack, solved exactly by dynamic
+programming over sizes discretised in steps that depend only on the layers (never on the
+budget), each size rounded *up* to a step beyond the layer's smallest candidate. So the
+plan never exceeds the budget, and a looser budget never gives a higher total error.
+
+Budgets below every layer at its smallest candidate are refused; a budget at or above
+every layer at its largest candidate leaves each layer its lowest-error candidate (no
+error: the budget simply does not bind).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lowvm.nn.errors import QuantizationError
+from lowvm.nn.spec import QuantSpec, weight_type
+
+__all__ = ["BudgetPlan", "PlanRow", "solve_budget", "layer_bytes", "check_bits",
+           "check_candidates", "DEFAULT_CANDIDATES"]
+
+DEFAULT_CANDIDATES = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
+_STEPS = 8192  # size resolution of the dynamic programme (steps over all layers' spreads)
+
+
+def check_bits(bits: Any, where: str = "quantize_model") -> float:
+    """``bits`` must be a finite positive number (average bits per weight)."""
+    if (isinstance(bits, bool) or not isinstance(bits, (int, float)) or not math.isfinite(bits)
+            or bits <= 0):
+        raise QuantizationError(f"{where}: bits must be a positive number of bits per weight "
+                                f"(e.g. 3.5, scales and zero points included); got {bits!r}")
+    return float(bits)
+
+
+def check_candidates(candidates: Any, where: str = "quantize_model") -> tuple[str, ...]:
+    """Candidate types: a non-empty sequence of distinct 1..8-bit weight types (names)."""
+    if candidates is None:
+        return DEFAULT_CANDIDATES
+    if isinstance(candidates, str) or not isinstance(candidates, Iterable):
+        raise QuantizationError(f"{where}: candidates must be a sequence of types such as "
+                                f"('int3', 'int4'); got {candidates!r}")
+    names = tuple(weight_type(c, f"{where}: candidates").name for c in candidates)
+    if not names:
+        raise QuantizationError(f"{where}: candidates is empty; give at least one type, e.g. "
+                                f"{DEFAULT_CANDIDATES}")
+    if len(set(names)) != len(names):
+        raise QuantizationError(f"{where}: candidates name a type twice: {list(names)}")
+    return names
+
+
+def layer_bytes(in_features: int, out_features: int, spec: QuantSpec, act_order: bool) -> int:
+    """Bytes a QuantLinear of ``spec`` stores for its weight (``weight_bytes()`` without the
+    bias), computed on the meta device (nothing is allocated)."""
+    from lowvm.nn.quant_linear import QuantLinear
+
+    layer = QuantLinear(in_features, out_features, spec.wtype, spec.group_size,
+                        spec.zero_point, bias=False, act_order=act_order, device="meta")
+    return layer.weight_bytes()
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One layer's choice: its type, size and measured error."""
+
+    name: str
+    dtype: str
+    weights: int  # number of weights (in x out)
+    bytes: int
+    error: float
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.bytes / self.weights
+
+
+@dataclass
+class BudgetPlan:
+    """The per-layer types chosen for a bits-per-weight budget (``str()``: a table)."""
+
+    bits: float  # the budget asked for
+    rows: list[PlanRow]
+    candidates: tuple[str, ...]
+    #: every measured (bytes, error) per layer and candidate type
+    options: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
+
+    @property
+    def bits_per_weight(self) -> float:
+        """The average the plan reaches over the planned layers."""
+        return 8.0 * sum(r.bytes for r in self.rows) / sum(r.weights for r in self.rows)
+
+    @property
+    def total_error(self) -> float:
+        return sum(r.error for r in self.rows)
+
+    def dtypes(self) -> dict[str, str]:
+        """``{layer name: type name}``: what quantize_model applies and records."""
+        return {r.name: r.dtype for r in self.rows}
+
+    def __str__(self) -> str:
+        width = max([len("layer"), *(len(r.name) for r in self.rows)])
+        lines = [f"{'layer':<{width}}  {'type':<12} {'bits/weight':>11} {'error':>12}"]
+        lines += [f"{r.name:<{width}}  {r.dtype:<12} {r.bits_per_weight:>11.3f} "
+                  f"{r.error:>12.4g}" for r in self.rows]
+        lines.append(f"{'total':<{width}}  {'':<12} {self.bits_per_weight:>11.3f} "
+                     f"{self.total_error:>12.4g}   (budget {self.bits:g} bits/weight)")
+        return "\n".join(lines)
+
+
+def solve_budget(options: Mapping[str, Mapping[str, tuple[int, float]]],
+                 weights: Mapping[str, int], bits: float, where: str = "quantize_model"
+                 ) -> BudgetPlan:
+    """The least-total-error choice of one candidate per layer within ``bits`` per weight.
+
+    ``options[layer][type] = (bytes, error)``; ``weights[layer]``: its number of weights.
+    """
+    names = list(options)
+    cands = [list(options[n]) for n in names]
+    size = [np.array([options[n][c][0] for c in cs], dtype=np.int64)
+            for n, cs in zip(names, cands)]
+    error = [np.array([options[n][c][1] for c in cs], dtype=np.float64)
+             for n, cs in zip(names, cands)]
+    total_weights = sum(weights[n] for n in names)
+    budget = math.floor(bits * total_weights / 8)
+    base = sum(int(s.min()) for s in size)
+    top = sum(int(s.max()) for s in size)
+    if budget < base:
+        raise QuantizationError(
+            f"{where}: bits={bits:g} is below the smallest plan: every layer at its smallest "
+            f"candidate takes {8 * base / total_weights:.4g} bits per weight (scales and zero "
+            f"points included); accepted: bits >= {8 * base / total_weights:.4g} (every layer "
+            f"at its largest candidate takes {8 * top / total_weights:.4g})")
+    extra = [s - s.min() for s in size]
+    step = max(1, math.ceil(sum(int(e.max()) for e in extra) / _STEPS))
+    cost = [-(-e // step) for e in extra]  # rounded up: the plan never exceeds the budget
+    room = min((budget - base) // step, sum(int(c.max()) for c in cost))
+    best = np.zeros(room + 1)  # best[b]: least error of the layers so far within b steps
+    choice = np.zeros((len(names), room + 1), dtype=np.int16)
+    for i in range(len(names)):
+        new = np.full(room + 1, np.inf)
+        for j, (c, e) in enumerate(zip(cost[i], error[i])):
+            c = int(c)
+            if c > room:
+                continue
+            trial = np.full(room + 1, np.inf)
+            trial[c:] = best[:room + 1 - c] + e
+            better = trial < new
+            new[better] = trial[better]
+            choice[i, better] = j
+        best = new
+    rows: list[PlanRow] = []
+    b = room
+    for i in reversed(range(len(names))):
+        j = int(choice[i, b])
+        b -= int(cost[i][j])
+        rows.append(PlanRow(names[i], cands[i][j], weights[names[i]], int(size[i][j]),
+                            float(error[i][j])))
+    rows.reverse()
+    plan = BudgetPlan(bits=bits, rows=rows, candidates=tuple(dict.fromkeys(
+        c for cs in cands for c in cs)), options={n: dict(options[n]) for n in names})
+    assert 8 * sum(r.bytes for r in rows) <= bits * total_weights
+    return plan

@@ -1,0 +1,275 @@
+"""Feed calibration inputs through a Hugging Face decoder one block at a time, collecting
+each linear layer's input Hessian ``H = 2/n Σ x xᵀ`` (float32) on the model's device.
+
+Why block by block: a calibrated quantizer must see each layer's inputs as the *quantized*
+model produces them, and holding every layer's activations for the whole model at once
+would cost far more memory than the model. So the inputs of the first decoder block are
+captured (a forward pre-hook stops the model's forward there), and then, per block:
+hooks on its linears accumulate their Hessians while the block runs on the stored inputs;
+the caller uses them (quantizes the block's layers, or measures them); if it changed the
+block, the block runs once more so that its outputs, the next block's inputs, come from
+the quantized layers. Memory: one block's activations for all samples, plus the Hessians
+of that block's layers.
+
+Linears outside the block list (``lm_head`` when not skipped, for instance) get their
+Hessian from one more forward pass of the whole model (blocks already processed) on the
+calibration inputs, after the last block. A linear that no input reached gets no Hessian
+(None): callers fall back to round to nearest for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowvm.nn.errors import QuantizationError
+
+__all__ = ["prepare_calibration", "find_blocks", "run_blocks", "HessianHook"]
+
+#: ``handle(hessians)`` gets ``{layer name: H [K, K] float32 or None}`` for the planned layers
+#: of one block (or of the layers outside the blocks) and says whether it changed the model.
+Handler = Callable[[dict[str, "torch.Tensor | None"]], bool]
+
+
+class _Stop(Exception):
+    """Raised by the capture hook: the model's forward is not needed past block 0."""
+
+
+def prepare_calibration(calibration: Any, where: str = "quantize_model") -> list[dict[str, Any]]:
+    """The calibration samples as model keyword arguments, checked before any work.
+
+    Each item is an integer ``input_ids`` tensor (``[B, T]``, or ``[T]`` for one sequence)
+    or a dict of model inputs (``input_ids``, ``attention_mask``, ...). The iterable is read
+    once; an empty one, or an item of another kind, is a QuantizationError.
+    """
+    if calibration is None or isinstance(calibration, (str, bytes)) or not isinstance(
+            calibration, Iterable):
+        raise QuantizationError(f"{where}: calibration must be an iterable of input_ids "
+                                f"tensors or dicts of model inputs; got "
+                                f"{type(calibration).__name__}")
+    samples: list[dict[str, Any]] = []
+    for i, item in enumerate(calibration):
+        if isinstance(item, torch.Tensor):
+            sample: dict[str, Any] = {"input_ids": item}
+        elif isinstance(item, Mapping) and item and all(isinstance(k, str) for k in item):
+            sample = dict(item)
+        else:
+            raise QuantizationError(
+                f"{where}: calibration item {i} is {_describe(item)}; each item must be an "
+                "integer input_ids tensor ([batch, tokens] or [tokens]) or a non-empty dict "
+                "of model inputs with string keys")
+        ids = sample.get("input_ids")
+        if ids is not None:
+            if (not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point
+                    or ids.dtype == torch.bool or ids.dim() not in (1, 2) or ids.numel() == 0):
+                raise QuantizationError(
+                    f"{where}: calibration item {i}: input_ids is {_describe(ids)}; it must "
+                    "be a non-empty integer tensor of shape [batch, tokens] or [tokens]")
+            if ids.dim() == 1:
+                sample["input_ids"] = ids.unsqueeze(0)
+                mask = sample.get("attention_mask")
+                if isinstance(mask, torch.Tensor) and mask.dim() == 1:
+                    sample["attention_mask"] = mask.unsqueeze(0)
+        samples.append(sample)
+    if not samples:
+        raise QuantizationError(f"{where}: calibration is empty; give at least one batch of "
+                                "input_ids (a few hundred thousand tokens of text is usual)")
+    return samples
+
+
+def find_blocks(model: nn.Module, where: str = "quantize_model") -> tuple[str, nn.ModuleList]:
+    """The decoder's block list: ``model.model.layers`` where it exists, else the
+    ``nn.ModuleList`` holding the most ``nn.Linear`` modules (the outermost on ties)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if isinstance(layers, nn.ModuleList) and len(layers) and _count_linears(layers):
+        return "model.layers", layers
+    best: tuple[int, str, nn.ModuleList | None] = (0, "", None)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module):
+            count = _count_linears(module)
+            if count > best[0]:
+                best = (count, name, module)
+    if best[2] is None:
+        raise QuantizationError(f"{where}: {type(model).__name__} has no list of blocks (an "
+                                "nn.ModuleList of layers holding nn.Linear modules, like "
+                                "model.model.layers of a Hugging Face decoder); calibrated "
+                                "quantization walks the blocks one at a time")
+    return best[1], best[2]
+
+
+def _count_linears(module: nn.Module) -> int:
+    return sum(isinstance(m, nn.Linear) for m in module.modules())
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+class HessianHook:
+    """Accumulates ``Σ x xᵀ`` (float32) over every row of a linear's inputs."""
+
+    def __init__(self, module: nn.Linear) -> None:
+        self.sum: torch.Tensor | None = None
+        self.rows = 0
+        self.handle = module.register_forward_hook(self._hook)
+
+    def _hook(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        x = args[0].detach()
+        x = x.reshape(-1, x.shape[-1]).float()
+        if self.sum is None:
+            self.sum = torch.zeros(x.shape[1], x.shape[1], dtype=torch.float32, device=x.device)
+        self.sum.addmm_(x.t(), x)
+        self.rows += x.shape[0]
+
+    def hessian(self) -> torch.Tensor | None:
+        """``2/n Σ x xᵀ``, or None if no input reached the layer."""
+        if self.sum is None or self.rows == 0:
+            return None
+        return self.sum.mul_(2.0 / self.rows)
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+@dataclass
+class _Call:
+    """One sample's call of a block: positional and keyword arguments, hidden states first
+    (or as the ``hidden_states`` keyword)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def with_hidden(self, hidden: torch.Tensor) -> _Call:
+        if self.args:
+            return _Call((hidden, *self.args[1:]), self.kwargs)
+        return _Call((), {**self.kwargs, "hidden_states": hidden})
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    weight = getattr(embeddings, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    return next(model.parameters()).device
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _forward(model: nn.Module, sample: Mapping[str, Any], device: torch.device) -> Any:
+    inputs = {key: _to(value, device) for key, value in sample.items()}
+    inputs["use_cache"] = False
+    return model(**inputs)
+
+
+def _capture(model: nn.Module, block: nn.Module, samples: list[dict[str, Any]],
+             where: str) -> list[_Call]:
+    """The arguments the first block receives for each sample."""
+    calls: list[_Call] = []
+
+    def grab(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not args and not isinstance(kwargs.get("hidden_states"), torch.Tensor):
+            raise QuantizationError(f"{where}: the first block was called without hidden "
+                                    "states (neither a first positional argument nor "
+                                    "hidden_states=)")
+        calls.append(_Call(tuple(args), dict(kwargs)))
+        raise _Stop
+
+    handle = block.register_forward_pre_hook(grab, with_kwargs=True)
+    device = _model_device(model)
+    try:
+        for sample in samples:
+            try:
+                _forward(model, sample, device)
+            except _Stop:
+                continue
+            raise QuantizationError(f"{where}: the model's forward never reached its first "
+                                    "block; calibration needs a decoder that runs its blocks")
+    finally:
+        handle.remove()
+    return calls
+
+
+def _hidden(output: Any) -> torch.Tensor:
+    """A block's output hidden states (blocks return a tensor or a tuple led by one)."""
+    if isinstance(output, (tuple, list)):
+        output = output[0]
+    return output
+
+
+def _run(block: nn.Module, calls: list[_Call]) -> list[torch.Tensor]:
+    return [_hidden(block(*call.args, **call.kwargs)) for call in calls]
+
+
+def run_blocks(model: nn.Module, samples: list[dict[str, Any]], layers: Iterable[str],
+               handle: Handler, *, progress: bool = False, desc: str = "lowvm: calibrating",
+               where: str = "quantize_model") -> None:
+    """Walk ``model``'s blocks with ``samples`` (see the module docstring), calling
+    ``handle`` with the Hessians of the named ``layers`` of each block, then of the named
+    layers outside the blocks. No gradients; the model is in eval mode meanwhile."""
+    blocks_name, blocks = find_blocks(model, where)
+    modules = dict(model.named_modules())
+    wanted = list(layers)
+    per_block: list[list[str]] = [[] for _ in blocks]
+    outside: list[str] = []
+    prefix = blocks_name + "."
+    for name in wanted:
+        index, _, sub = (name[len(prefix):] if name.startswith(prefix) else "").partition(".")
+        if index.isdigit() and int(index) < len(blocks) and sub:
+            per_block[int(index)].append(name)
+        else:
+            outside.append(name)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            calls = _capture(model, blocks[0], samples, where)
+            bar = _bar(len(blocks), progress, desc)
+            for i, block in enumerate(blocks):
+                outputs = _with_hessians(modules, per_block[i], handle,
+                                         lambda b=block, c=calls: _run(b, c))
+                if outputs is None:
+                    outputs = _run(block, calls)
+                calls = [call.with_hidden(out) for call, out in zip(calls, outputs)]
+                if bar is not None:
+                    bar.update(1)
+            if bar is not None:
+                bar.close()
+            if outside:
+                device = _model_device(model)
+                _with_hessians(modules, outside, handle,
+                               lambda: [_forward(model, s, device) for s in samples])
+    finally:
+        model.train(training)
+
+
+def _with_hessians(modules: dict[str, nn.Module], names: list[str], handle: Handler,
+                   run: Callable[[], list[Any]]) -> list[Any] | None:
+    """Run with Hessian hooks on ``names``; hand the Hessians over; return the run's
+    outputs when ``handle`` left the model unchanged (else None: run again)."""
+    hooks = {name: HessianHook(modules[name]) for name in names}
+    try:
+        outputs = run()
+    finally:
+        for hook in hooks.values():
+            hook.remove()
+    if not names:
+        return outputs
+    changed = handle({name: hook.hessian() for name, hook in hooks.items()})
+    return None if changed else outputs
+
+
+def _bar(total: int, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="block")
