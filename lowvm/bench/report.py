@@ -2,10 +2,10 @@
 
 For each scenario, the newest ``benchmarks/results/<date>/<scenario>/*.json`` becomes
 Markdown tables (GEMM medians per kernel and method, the schedules sweep's choice against
-its best neighbour, a command's pass/fail), each headed by the one command that
-reproduces it. They replace what lies between ``<!-- results:begin -->`` and
-``<!-- results:end -->`` in the document (created, with the markers, if missing), so
-the prose around the figures is kept.
+its best neighbour, the quality benchmark's perplexities, a command's pass/fail), each
+headed by the one command that reproduces it. They replace what lies between
+``<!-- results:begin -->`` and ``<!-- results:end -->`` in the document (created, with
+the markers, if missing), so the prose around the figures is kept.
 """
 
 from __future__ import annotations
@@ -129,6 +129,48 @@ def _serving_tables(doc: dict[str, Any]) -> list[str]:
             + markdown_table(header, _serving_rows(doc))]
 
 
+def _quality_model(model: dict[str, Any]) -> str:
+    """One sentence on the model a quality document measured."""
+    corpus = model.get("corpus") or {}
+    params = model.get("parameters")
+    parts = [f"Llama {model.get('layers', '?')} layers x {model.get('hidden', '?')} hidden"
+             + (f", {params / 1e6:.1f} M parameters" if params else ""),
+             f"trained {model.get('train_seconds', '?')} s ({model.get('steps', '?')} steps, "
+             f"final train loss {_fixed(model.get('train_loss'), '.4f')}) on "
+             f"{model.get('device', '?')}",
+             f"held out: {model.get('heldout_sequences', '?')} sequences of "
+             f"{model.get('seq_len', '?')} bytes from Python {corpus.get('python', '?')}'s "
+             f"standard library ({corpus.get('heldout_files', '?')} files)"]
+    return "Model: " + "; ".join(parts) + "."
+
+
+def _fixed(value: Any, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def _quality_tables(doc: dict[str, Any]) -> list[str]:
+    """A quality document: held-out perplexity per byte of each variant, its increase
+    over float16, stored bits per weight and the per-layer error; failed rows say why."""
+    summary = doc.get("summary") or {}
+    lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
+    if summary.get("model"):
+        lines.append(_quality_model(summary["model"]))
+    body = []
+    for r in doc.get("rows") or []:
+        increase = r.get("increase_vs_fp16")
+        body.append([r.get("variant", "?"), r.get("dtype"), r.get("method"),
+                     _fixed(r.get("bits_per_weight"), ".3f"),
+                     _fixed(r.get("perplexity"), ".4f"),
+                     "" if increase is None else f"{100 * increase:+.2f} %",
+                     _fixed(r.get("layer_rel_error_median"), ".4f"),
+                     _fixed(r.get("top1_agreement"), ".4f"),
+                     str(r.get("error", "")).replace("|", "/")[:120]])
+    lines.append(markdown_table(["variant", "types", "method", "bits / weight",
+                                 "perplexity / byte", "vs float16", "layer rel. error",
+                                 "top-1 agreement", "error"], body))
+    return ["\n\n".join(lines)]
+
+
 def _outcome_tables(doc: dict[str, Any]) -> list[str]:
     lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
     if doc.get("totals"):
@@ -157,6 +199,8 @@ def render_doc(doc: dict[str, Any], source: str = "") -> str:
         tables = _gemm_tables(doc)
     elif kind == "serving":
         tables = _serving_tables(doc)
+    elif doc.get("scenario") == "quality":
+        tables = _quality_tables(doc)
     else:
         tables = _outcome_tables(doc)
     head = f"### {doc.get('scenario', '?')}\n\n```\n{command}\n```\n\n{where}"

@@ -270,3 +270,35 @@ def test_a_json_scenario_fails_when_its_command_reports_not_ok(tmp_path, monkeyp
                            "{out}/result.json"))
     ok, rows, extra = commands._json(sc, tmp_path)
     assert not ok and rows == [{"a": 1}] and extra["summary"] == {"ok": False, "programs": 3}
+
+
+def _quality_doc() -> dict:
+    rows = [{"variant": "float16", "dtype": "float16", "method": None, "bits_per_weight": 16.0,
+             "perplexity": 2.5, "increase_vs_fp16": 0.0},
+            {"variant": "int4 g128 rtn", "dtype": "int4", "method": "rtn",
+             "bits_per_weight": 4.125, "perplexity": 2.6, "increase_vs_fp16": 0.04,
+             "layer_rel_error_median": 0.0812, "top1_agreement": 0.97},
+            {"variant": "int2 g128 gptq", "dtype": "int2", "method": "gptq",
+             "error": "QuantizationError: a|b"}]
+    model = {"layers": 8, "hidden": 512, "parameters": 24_117_248, "train_seconds": 180.2,
+             "steps": 5000, "train_loss": 0.91, "device": "NVIDIA H100", "seq_len": 512,
+             "heldout_sequences": 512, "corpus": {"python": "3.12.3", "heldout_files": 90}}
+    return {"schema": results.SCHEMA, "kind": "json", "scenario": "quality",
+            "date": "2026-12-01", "gpu": "NVIDIA H100", "ok": False, "rows": rows,
+            "summary": {"ok": False, "finished": True, "model": model},
+            "environment": {"command": "python -m lowvm.bench quality --out /tmp/q"}}
+
+
+def test_report_renders_a_quality_document_as_a_perplexity_table(tmp_path):
+    root = tmp_path / "results" / "2026-12-01" / "quality"
+    root.mkdir(parents=True)
+    (root / "gpu.json").write_text(json.dumps(_quality_doc()))
+    page = tmp_path / "performance.md"
+    assert report.main(["--results", str(tmp_path / "results"), "--doc", str(page)]) == 0
+    text = page.read_text()
+    assert "python -m lowvm.bench quality\n" in text and "Outcome: **failed**" in text
+    assert "24.1 M parameters" in text and "5000 steps" in text and "Python 3.12.3" in text
+    assert "| variant | types | method | bits / weight | perplexity / byte |" in text
+    assert "| float16 | float16 |  | 16.000 | 2.5000 | +0.00 % |  |  |  |" in text
+    assert "| int4 g128 rtn | int4 | rtn | 4.125 | 2.6000 | +4.00 % | 0.0812 | 0.9700 |  |" in text
+    assert "| int2 g128 gptq | int2 | gptq |  |  |  |  |  | QuantizationError: a/b |" in text
