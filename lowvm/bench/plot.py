@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         import matplotlib  # noqa: F401
     except ImportError:
         print("error: matplotlib is not installed here; install it (pip install "
-              "matplotlib) and run this step again, on any machine: the JSON holds every "
-              "figure", file=sys.stderr)
+              "'lowvm[bench]') and run this step again, on any machine: the JSON holds "
+              "every figure", file=sys.stderr)
         return 1
     out = opts.out or str(Path(opts.results).with_suffix(".png"))
     print(f"plot: {draw(plot_data(doc), out)}")

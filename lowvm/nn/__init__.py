@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from lowvm.extras import reraise_missing
+
 __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_gptq",
            "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
            "WeightFormatError", "LowvmFallbackWarning", "fuse_projections", "FuseReport",
@@ -38,7 +40,13 @@ _WHERE = {
 
 def __getattr__(name: str) -> Any:
     if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
+        try:
+            module = importlib.import_module(_WHERE[name])
+        except ModuleNotFoundError as exc:  # torch or transformers not installed
+            reraise_missing(exc, f"lowvm.nn.{name}",
+                            "hf" if _WHERE[name] == "lowvm.nn.hf_quantizer" else None)
+            raise
+        return getattr(module, name)
     raise AttributeError(f"module 'lowvm.nn' has no attribute {name!r}")
 
 

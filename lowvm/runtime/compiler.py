@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lowvm.extras import CUDA_HINT
 from lowvm.runtime.errors import CompileOptionError, RuntimeCompileError
 
 __all__ = [
@@ -217,8 +218,8 @@ def compiler_identity(compiler: str = "auto") -> tuple[str, str]:
         if compiler == "nvrtc":
             raise RuntimeCompileError(
                 f"compile_cubin: compiler='nvrtc' was requested but {reason}; install the "
-                f"NVRTC library (pip install nvidia-cuda-nvrtc, or a CUDA toolkit whose "
-                f"libnvrtc.so is on the loader path) or pass compiler='nvcc' "
+                f"NVRTC library ({CUDA_HINT}; or a CUDA toolkit whose libnvrtc.so is on "
+                f"the loader path) or pass compiler='nvcc' "
                 f"[{toolchain_summary()}]"
             )
     nvcc = find_nvcc()
@@ -227,7 +228,7 @@ def compiler_identity(compiler: str = "auto") -> tuple[str, str]:
         raise RuntimeCompileError(
             f"compile_cubin: compiler={compiler!r} needs nvcc, which is neither on PATH nor "
             f"in $CUDA_HOME/bin or /usr/local/cuda/bin{why}; install the CUDA toolkit or "
-            f"the NVRTC library [{toolchain_summary()}]"
+            f"the NVRTC library ({CUDA_HINT}) [{toolchain_summary()}]"
         )
     return "nvcc", nvcc_version(nvcc)
 

@@ -19,9 +19,13 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cuda.bindings import driver as cu
-
+from lowvm.extras import stand_in
 from lowvm.runtime.errors import CudaDriverError, LaunchError
+
+try:
+    from cuda.bindings import driver as cu
+except ModuleNotFoundError as _exc:  # a CPU-only install: nothing here can run
+    cu = stand_in("cuda.bindings.driver", "running kernels on a GPU", _exc)
 
 __all__ = [
     "check",

@@ -21,9 +21,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from cuda.bindings import driver as cu
-
 import lowvm.runtime.driver as _drv
+from lowvm.extras import stand_in
 from lowvm.runtime.errors import CudaDriverError, LaunchError
 from lowvm.runtime.params import (
     ParamSpec,
@@ -31,6 +30,11 @@ from lowvm.runtime.params import (
     make_converter,
     normalize_params,
 )
+
+try:
+    from cuda.bindings import driver as cu
+except ModuleNotFoundError as _exc:  # a CPU-only install: nothing here can run
+    cu = stand_in("cuda.bindings.driver", "running kernels on a GPU", _exc)
 
 __all__ = ["Kernel", "DEFAULT_SHARED_LIMIT", "MAX_BLOCK_THREADS"]
 

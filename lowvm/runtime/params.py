@@ -22,12 +22,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from lowvm.dtypes import DType, bfloat16, float16, float32, int8, int32, uint8
 from lowvm.dtypes import dtype as _dtype
 from lowvm.errors import LowvmError
+from lowvm.extras import reraise_missing
 from lowvm.runtime.errors import LaunchError
+
+try:
+    import torch
+except ModuleNotFoundError as _exc:  # every launch takes torch tensors
+    reraise_missing(_exc, "lowvm.runtime (compiling and launching kernels)")
+    raise
 
 __all__ = [
     "ParamSpec",

@@ -15,22 +15,28 @@
 
 from __future__ import annotations
 
-from lowvm.serving.clock import timed
-from lowvm.serving.decode_loop import DecodeLoop, chunked_argmax
-from lowvm.serving.errors import ServingError
-from lowvm.serving.generation import generate, leading_equal, prompts, sample_tokens
-from lowvm.serving.measure import MODES, Settings, measure, release
-from lowvm.serving.models import (
-    PRESETS,
-    init_random,
-    load_pretrained,
-    quantized_copy,
-    random_config,
-    shared_copy,
-    weight_bytes,
-)
-from lowvm.serving.quality import layer_errors, logit_errors
-from lowvm.serving.report import format_table, load_results
+from lowvm.extras import reraise_missing
+
+try:  # the library runs Hugging Face models on torch: pip install 'lowvm[hf]'
+    from lowvm.serving.clock import timed
+    from lowvm.serving.decode_loop import DecodeLoop, chunked_argmax
+    from lowvm.serving.errors import ServingError
+    from lowvm.serving.generation import generate, leading_equal, prompts, sample_tokens
+    from lowvm.serving.measure import MODES, Settings, measure, release
+    from lowvm.serving.models import (
+        PRESETS,
+        init_random,
+        load_pretrained,
+        quantized_copy,
+        random_config,
+        shared_copy,
+        weight_bytes,
+    )
+    from lowvm.serving.quality import layer_errors, logit_errors
+    from lowvm.serving.report import format_table, load_results
+except ModuleNotFoundError as _exc:
+    reraise_missing(_exc, "lowvm.serving", extra="hf")
+    raise
 
 __all__ = ["timed", "DecodeLoop", "chunked_argmax", "ServingError", "generate",
            "leading_equal", "prompts", "sample_tokens", "MODES", "Settings", "measure",
