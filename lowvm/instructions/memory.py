@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowvm.dtypes import int32
-from lowvm.expr import Expr, Var
+from lowvm.expr import Expr, Var, const_value
 from lowvm.instructions.base import BlockState, Instruction, register_instruction
 from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
 
@@ -127,9 +127,9 @@ class LoadGlobal(Instruction):
         flat, inside = _global_positions(st, self.src, self.offsets, self.out.layout.table)
         if self.inbounds and not inside.all():
             start = [int(st.eval(o)) for o in self.offsets]
-            raise self.error(f"load_global(inbounds=True): the {list(self.out.shape)} tile at "
-                             f"offsets {start} reaches outside %{self.src.name} of shape "
-                             f"{list(st.global_shape(self.src)[0])}")
+            raise st.runtime_error(
+                self, f"inbounds=True, but the {list(self.out.shape)} tile at offsets {start} "
+                f"reaches outside %{self.src.name} of shape {list(st.global_shape(self.src)[0])}")
         values = np.zeros(flat.shape, dtype=np.float64 if self.out.dtype.is_float else np.int64)
         values[inside] = st.global_buffer(self.src, self).read(flat[inside])
         st.set(self.out, values)
@@ -234,6 +234,25 @@ def _check_shared_tile(inst: Instruction, tensor: SharedTensor, offsets: tuple[E
         raise inst.error(
             f"the {what} {list(tile_shape)} does not fit the trailing dims "
             f"{list(tensor.shape[lead:])} of %{tensor.name} {list(tensor.shape)}")
+    _check_constant_offsets(inst, tensor, offsets, tile_shape, what)
+
+
+def _check_constant_offsets(inst: Instruction, tensor: SharedTensor, offsets: tuple[Expr, ...],
+                            tile_shape: tuple[int, ...], what: str) -> None:
+    """Offsets known when the program is built must keep the tile inside ``tensor``: the
+    CUDA code does not test shared indices, so an access outside would write or read
+    another tile's memory (only the interpreter would notice, and only if it runs)."""
+    lead = tensor.rank - len(tile_shape)
+    extents = (1,) * lead + tuple(tile_shape)
+    for d, (offset, extent, size) in enumerate(zip(offsets, extents, tensor.shape)):
+        start = const_value(offset)
+        if start is None or 0 <= start <= size - extent:
+            continue
+        span = f"index {start}" if extent == 1 else f"indices [{start}, {start + extent})"
+        raise inst.error(
+            f"the {what} {list(tile_shape)} at offsets [{', '.join(map(str, offsets))}] reaches "
+            f"outside the shared tile %{tensor.name} of shape {list(tensor.shape)}: along "
+            f"dim {d} it covers {span}; accepted: offsets from 0 to {size - extent} there")
 
 
 def _shared_index(st: BlockState, tensor: SharedTensor, offsets, table: np.ndarray

@@ -81,14 +81,17 @@ def _scalar(name: str, dt: DType, value: Any) -> int | float:
 def run_program(program: Program, args: tuple[Any, ...]) -> None:
     """Execute ``program`` for every block of its grid with ``args`` bound to its params.
 
-    Mistakes in the arguments are reported at the caller's line (the ``interpret`` call).
+    Every error names the caller's line of this call (the ``interpret`` call), and the
+    program's line of the instruction at fault where there is one.
     """
     try:
-        env, buffers, grid3 = _bind(program, args)
+        _run(program, args)
     except ProgramError as exc:
-        if exc.loc is not None:
-            raise
-        raise ProgramError(exc.message, user_location()) from None
+        raise exc.at_call(user_location()) from None
+
+
+def _run(program: Program, args: tuple[Any, ...]) -> None:
+    env, buffers, grid3 = _bind(program, args)
     for bz, by, bx in itertools.product(range(grid3[2]), range(grid3[1]), range(grid3[0])):
         block_env = dict(env)
         block_env.update({"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz,

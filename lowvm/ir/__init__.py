@@ -18,6 +18,7 @@ from lowvm.ir.nodes import (
     SourceLoc,
     Stmt,
     Tensor,
+    located_message,
     seq,
     set_tile_operator,
     walk,
@@ -27,6 +28,7 @@ from lowvm.ir.printer import format_program, format_stmt
 __all__ = [
     "ProgramError",
     "SourceLoc",
+    "located_message",
     "Tensor",
     "GlobalTensor",
     "SharedTensor",

@@ -26,6 +26,7 @@ from lowvm.layouts import GlobalLayout, RegisterLayout, SharedLayout
 __all__ = [
     "ProgramError",
     "SourceLoc",
+    "located_message",
     "Tensor",
     "GlobalTensor",
     "SharedTensor",
@@ -69,13 +70,38 @@ class SourceLoc:
         return f"{text}: {self.code.strip()}" if self.code else text
 
 
-class ProgramError(LowvmError, ValueError):
-    """A mistake in a VM program, reported at the user's source line."""
+def located_message(message: str, loc: SourceLoc | None, call: SourceLoc | None = None) -> str:
+    """``message`` after the lines that place it: the user's line of the call that ran
+    into it (where that is another line), then the program line."""
+    if call is None or call == loc:
+        return f"{loc}\n  {message}" if loc else message
+    lines = [str(call), *([f"in the program at {loc}"] if loc else []), message]
+    return "\n  ".join(lines)
 
-    def __init__(self, message: str, loc: SourceLoc | None = None) -> None:
+
+class ProgramError(LowvmError, ValueError):
+    """A mistake in a VM program, reported at the user's source line.
+
+    ``loc`` is the program line that made the instruction at fault; ``call`` the user's
+    line of the call that ran into it (a build, an ``interpret``), named first where it
+    is another line: a program is built once per set of constants and cached, so its
+    lines alone cannot say which of the user's calls failed, and for a program of the
+    kernel library they are not the user's lines at all.
+    """
+
+    def __init__(self, message: str, loc: SourceLoc | None = None,
+                 call: SourceLoc | None = None) -> None:
         self.message = message
         self.loc = loc
-        super().__init__(f"{loc}\n  {message}" if loc else message)
+        self.call = call if call != loc else None
+        super().__init__(located_message(message, loc, self.call))
+
+    def at_call(self, call: SourceLoc | None) -> ProgramError:
+        """This error (same class, message and program line) naming ``call`` too; itself
+        where it names a call already or ``call`` is None."""
+        if self.call is not None or call is None:
+            return self
+        return type(self)(self.message, self.loc, call).with_traceback(self.__traceback__)
 
 
 # ---------------------------------------------------------------------------------------

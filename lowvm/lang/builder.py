@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from types import CodeType
 from typing import TYPE_CHECKING
 
 from lowvm.dtypes import DType
 from lowvm.expr import Var
-from lowvm.ir import DEFAULT_MAX_SHARED_BYTES, ProgramError, RegisterTensor, Stmt
+from lowvm.ir import DEFAULT_MAX_SHARED_BYTES, ProgramError, RegisterTensor, SourceLoc, Stmt
 from lowvm.layouts import RegisterLayout
-from lowvm.source_location import traceback_location, user_location
+from lowvm.source_location import program_location, traceback_location
 
 if TYPE_CHECKING:
     from lowvm.instructions.base import Instruction
@@ -51,8 +52,11 @@ class Pointer:
 class Builder:
     """Collects the statements of one program while its function runs."""
 
-    def __init__(self, name: str, num_warps: int | None, max_shared_bytes: int) -> None:
+    def __init__(self, name: str, num_warps: int | None, max_shared_bytes: int,
+                 program: CodeType | None = None) -> None:
         self.name = name
+        #: the code of the function being traced: its frame bounds the program's lines
+        self.program = program
         self.num_warps = num_warps
         self.min_blocks: int | None = None
         self.grid: tuple | None = None
@@ -165,6 +169,14 @@ class Builder:
     def give_shared(self, nbytes: int) -> None:
         """Return a freed shared allocation to the budget."""
         self.shared_in_use -= nbytes
+
+
+def user_location() -> SourceLoc | None:
+    """The line an error or instruction belongs to: while a program is traced, the
+    program's line that made the current ``vm.*`` call (in lowvm's own kernel library,
+    the library's line); otherwise the user's line of the current call."""
+    builder = getattr(_state, "builder", None)
+    return program_location(builder.program if builder is not None else None)
 
 
 def current() -> Builder:

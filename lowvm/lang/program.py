@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import types
+import typing
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 from lowvm.driver import elaborate
 from lowvm.dtypes import DType
 from lowvm.errors import LowvmError
-from lowvm.ir import Param, PointerType, Program, ProgramError, SourceLoc
+from lowvm.ir import Param, PointerType, Program, ProgramError, SourceLoc, located_message
 from lowvm.lang.builder import (
     DEFAULT_MAX_SHARED_BYTES,
     MAX_WARPS,
@@ -27,6 +30,7 @@ from lowvm.lang.builder import (
     traceback_location,
     user_location,
 )
+from lowvm.source_location import user_location as call_location
 
 __all__ = ["program", "ProgramTemplate", "ptr", "constexpr"]
 
@@ -57,8 +61,8 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-def _locate(exc: LowvmError) -> None:
-    """Re-raise an error from tracing with the user's line, if it does not name one.
+def _locate(exc: LowvmError, program: CodeType) -> None:
+    """Re-raise an error from tracing with the program's line, if it does not name one.
 
     Errors from the lower layers (an expression used as a Python ``bool``, a layout or
     type that cannot be built) do not know which program line caused them; the
@@ -66,37 +70,71 @@ def _locate(exc: LowvmError) -> None:
     """
     if isinstance(exc, ProgramError) and exc.loc is not None:
         raise exc
-    loc = traceback_location(exc.__traceback__)
+    loc = traceback_location(exc.__traceback__, program)
     if loc is None:
         raise exc
     if isinstance(exc, ProgramError):
         raise type(exc)(exc.message, loc).with_traceback(exc.__traceback__) from None
     try:
-        located = type(exc)(f"{loc}\n  {exc}")
+        located = type(exc)(located_message(str(exc), loc, call_location()))
     except Exception:  # an error class with another constructor: leave it as it is
         raise exc from None
     raise located.with_traceback(exc.__traceback__) from None
 
 
-#: annotations of compile-time parameters whose values are checked when a program is built
-_KINDS: dict[Any, tuple[tuple[type, ...], str]] = {
-    int: ((numbers.Integral,), "an integer"),
-    float: ((numbers.Real,), "a number"),
-    bool: ((bool, numbers.Integral), "a bool"),
-    str: ((str,), "a string"),
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+#: the types a compile-time parameter may declare (by annotation, or by its default when
+#: it has none or is annotated ``vm.constexpr``), each with its test and its description
+_KINDS: dict[type, tuple[Callable[[Any], bool], str]] = {
+    int: (_integer, "an integer"),
+    float: (_number, "a number"),
+    bool: (lambda v: isinstance(v, (bool, numbers.Integral)), "a bool"),
+    str: (lambda v: isinstance(v, str), "a string"),
 }
 
 
+def _declared_kinds(param: inspect.Parameter) -> tuple[list[type], bool] | None:
+    """The kinds ``param`` accepts and whether it accepts None: from its annotation (int,
+    float, bool, str or a union of them and None), else, unannotated or ``vm.constexpr``,
+    from the type of its default; None where nothing is declared (any value goes)."""
+    annotation = param.annotation
+    if annotation in (inspect.Parameter.empty, constexpr):
+        default = param.default
+        return ([type(default)], False) if type(default) in _KINDS else None
+    if annotation in _KINDS:
+        return [annotation], False
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+        kinds = [m for m in members if m in _KINDS]
+        if kinds and all(m in _KINDS or m is type(None) for m in members):
+            return kinds, type(None) in members
+    return None
+
+
 def _checked_constant(program_name: str, param: inspect.Parameter, value: Any) -> Any:
-    """``value`` for the compile-time parameter ``param`` when its annotation (int, float,
-    bool or str) admits it, else a ProgramError at the user's line naming both: a string
-    where an integer belongs would otherwise fail deep inside tracing."""
-    kind = _KINDS.get(param.annotation)
-    if kind is not None and not isinstance(value, kind[0]):
-        raise ProgramError(f"{program_name}: the compile-time parameter {param.name!r} takes "
-                           f"{kind[1]}, got {value!r} ({type(value).__name__})",
-                           user_location())
-    return value
+    """``value`` for the compile-time parameter ``param`` when the type it declares (see
+    :func:`_declared_kinds`) admits it, else a ProgramError at the user's line naming
+    both: a string where an integer belongs would otherwise fail deep inside tracing
+    with Python's own message."""
+    declared = _declared_kinds(param)
+    if declared is None:
+        return value
+    kinds, optional = declared
+    if (optional and value is None) or any(_KINDS[k][0](value) for k in kinds):
+        return value
+    accepted = " or ".join([_KINDS[k][1] for k in kinds] + (["None"] if optional else []))
+    source = ("" if param.annotation not in (inspect.Parameter.empty, constexpr) else
+              f" (the type of its default {param.default!r})")
+    raise ProgramError(f"{program_name}: the compile-time parameter {param.name!r} takes "
+                       f"{accepted}{source}, got {value!r} ({type(value).__name__})",
+                       user_location())
 
 
 class ProgramTemplate:
@@ -150,11 +188,15 @@ class ProgramTemplate:
         except TypeError:
             key = repr(key)
         if key not in self._cache:
-            self._cache[key] = elaborate(self._trace(values), self.max_shared_bytes)
+            try:
+                self._cache[key] = elaborate(self._trace(values), self.max_shared_bytes)
+            except ProgramError as exc:  # name the user's line of this build too
+                raise exc.at_call(call_location()) from None
         return self._cache[key]
 
     def _trace(self, constants: dict[str, Any]) -> Program:
-        builder = Builder(self.name, self.warps, self.max_shared_bytes)
+        code = self.fn.__code__
+        builder = Builder(self.name, self.warps, self.max_shared_bytes, code)
         kwargs: dict[str, Any] = dict(constants)
         for p in self.params:
             kwargs[p.name] = Pointer(p.var, p.type.dtype) if p.is_pointer else p.var  # type: ignore[union-attr]
@@ -163,13 +205,12 @@ class ProgramTemplate:
             self.fn(**kwargs)
             builder.raise_deferred()
         except LowvmError as exc:
-            _locate(exc)
+            _locate(exc, code)
         finally:
             activate(previous)
         if len(builder.stack) != 1:  # pragma: no cover - guarded by the context managers
             raise ProgramError(f"{self.name}: unbalanced loop or branch")
         if builder.grid is None:
-            code = self.fn.__code__
             raise ProgramError(
                 f"{self.name}: the launch grid is not set; call vm.set_grid(...) in the body",
                 SourceLoc(code.co_filename, code.co_firstlineno),

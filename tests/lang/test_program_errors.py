@@ -6,6 +6,7 @@ message names the problem and contains ``test_program_errors.py:<line of the mar
 """
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -514,9 +515,9 @@ def test_shared_index_outside_the_tile():
         t = vm.register_tensor(vm.float32, [32], vm.spatial(32))
         vm.store_shared(s, t, [4])  # <- shared-oob
 
-    with pytest.raises(lowvm.InterpretError) as e:
-        lowvm.interpret(_prog(body), np.zeros(1, np.float32))
-    expect(e, "shared-oob", "outside the shared tile", r"\(32,\)|\(35,\)|\(36,\)")
+    with pytest.raises(lowvm.ProgramError) as e:  # when built: CUDA does not test it
+        _prog(body).build()
+    expect(e, "shared-oob", "outside the shared tile", r"indices \[4, 36\)", r"0 to 0")
 
 
 def test_shared_tile_used_after_free():
@@ -546,3 +547,51 @@ def test_a_constant_of_the_wrong_type_is_named_at_the_build_call():
         vector_add.build(block="512")  # <- constant type
     expect(e, "constant type", "'block' takes an integer", "'512'")
     assert vector_add.build(block=256).name == "vector_add"
+
+
+@vm.program(warps=4)
+def _untyped(n: vm.int32, a: vm.ptr[vm.float32], block=512, scale: vm.constexpr = 0.5,
+             name: vm.constexpr = "x", flag=False, stages: int | None = None,
+             wtype: vm.constexpr = vm.int4, anything: Any = 3):
+    """Compile-time parameters declared by default, by vm.constexpr, by a union, or not."""
+    vm.static_assert(block % 128 == 0, "block must be a multiple of 128")
+    vm.set_grid(vm.cdiv(n, block))
+
+
+@pytest.mark.parametrize("constants, accepted", [
+    ({"block": "512"}, r"'block' takes an integer \(the type of its default 512\), got '512'"),
+    ({"block": 512.0}, r"'block' takes an integer .*got 512\.0 \(float\)"),
+    ({"block": True}, r"'block' takes an integer .*got True \(bool\)"),
+    ({"scale": "0.5"}, r"'scale' takes a number \(the type of its default 0\.5\)"),
+    ({"name": 3}, r"'name' takes a string"),
+    ({"flag": "yes"}, r"'flag' takes a bool"),
+    ({"stages": "2"}, r"'stages' takes an integer or None, got '2' \(str\)"),
+])
+def test_constants_of_the_wrong_type_are_refused_at_the_users_line(constants, accepted):
+    with pytest.raises(lowvm.ProgramError) as e:
+        _untyped.build(**constants)  # <- untyped constant
+    expect(e, "untyped constant", accepted)
+    assert "not all arguments converted" not in str(e.value)
+
+
+def test_constants_of_the_declared_type_are_accepted():
+    _untyped.build(block=256, scale=1, name="y", flag=True, stages=None)
+    _untyped.build(block=np.int64(256), stages=3)
+    # a default of another type (a data type) and an explicit Any declare nothing
+    _untyped.build(wtype="int3", anything="whatever")
+
+
+def test_constant_shared_offset_outside_the_tile_is_refused_before_any_cuda():
+    @vm.program(warps=4)
+    def past_the_end(x: vm.ptr[vm.float32]):
+        vm.set_grid(1)
+        s = vm.shared_tensor(vm.float32, [256])
+        t = vm.register_tensor(vm.float32, [128], vm.spatial(128), 1.0)
+        vm.store_shared(s, t, [200])  # <- store past the end
+
+    for make in (past_the_end.build, lambda: lowvm.compile(past_the_end, arch="sm_80")):
+        with pytest.raises(lowvm.ProgramError) as e:
+            make()
+        expect(e, "store past the end", r"the tile \[128\] at offsets \[200\] reaches outside "
+               r"the shared tile %s\d+ of shape \[256\]", r"indices \[200, 328\)",
+               "offsets from 0 to 128")

@@ -6,6 +6,7 @@ compiles."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 
 import numpy as np
@@ -484,14 +485,41 @@ def stage_index(x: vm.ptr[vm.float32], lead: int = 0, tail: int = 0, copy_lead: 
 
 
 @pytest.mark.parametrize("store", [False, True])
-@pytest.mark.parametrize("lead, tail, copy_lead, bad", [
-    (2, 0, 0, "(2, 0)"), (-1, 0, 0, "(-1, 0)"), (0, 1, 0, "(0, 32)"), (0, 0, 2, "(2, 0)"),
+@pytest.mark.parametrize("lead, tail, copy_lead, covers", [
+    (2, 0, 0, "dim 0 it covers index 2"), (-1, 0, 0, "dim 0 it covers index -1"),
+    (0, 1, 0, r"dim 1 it covers indices \[1, 33\)"), (0, 0, 2, "dim 0 it covers index 2"),
 ])
-def test_rank_reducing_offsets_out_of_range(lead, tail, copy_lead, bad, store):
+def test_rank_reducing_offsets_out_of_range(lead, tail, copy_lead, covers, store):
+    """Constant offsets outside the shared tile are refused when the program is built
+    (the CUDA code does not test shared indices), before anything runs."""
     x = np.zeros(32, np.float32)
-    with pytest.raises(lowvm.InterpretError) as e:
+    with pytest.raises(lowvm.ProgramError) as e:
         lowvm.interpret(stage_index, x, lead=lead, tail=tail, copy_lead=copy_lead,
                         store=store)
+    assert not isinstance(e.value, lowvm.InterpretError)
+    message = str(e.value)
+    assert "outside the shared tile" in message and "[2, 32]" in message
+    assert re.search(covers, message), message
+    assert "test_software_pipeline.py:" in message
+
+
+@vm.program(warps=1)
+def runtime_stage_index(lead: vm.int32, x: vm.ptr[vm.float32]):
+    """A load from a [2, 32] shared tile at a stage known only when it runs."""
+    vm.set_grid(1)
+    s = vm.shared_tensor(vm.float32, [2, 32])
+    vm.copy_async(s, vm.global_view(x, [32]), [0])
+    vm.commit_group()
+    vm.wait_group(0)
+    vm.sync()
+    vm.load_shared(s, vm.spatial(32), [lead, 0])
+
+
+@pytest.mark.parametrize("lead, bad", [(2, "(2, 0)"), (-1, "(-1, 0)")])
+def test_runtime_offsets_out_of_range_are_caught_by_the_interpreter(lead, bad):
+    x = np.zeros(32, np.float32)
+    with pytest.raises(lowvm.InterpretError) as e:
+        lowvm.interpret(runtime_stage_index, lead, x)
     message = str(e.value)
     assert "outside the shared tile" in message and bad in message and "[2, 32]" in message
 

@@ -149,3 +149,31 @@ def test_tiles_written_in_a_branch_may_be_read_after_it():
 
     program = branch.build()
     assert verify(program) is program
+
+
+def test_constant_shared_offsets_outside_the_tile_are_refused():
+    """A hand-built (or rewritten) program is held to the bounds the builder checks: the
+    CUDA code does not test shared indices."""
+    from lowvm.instructions import AllocShared, StoreShared
+    from lowvm.ir import SharedTensor
+    from lowvm.layouts import shared_row_major
+
+    s = SharedTensor("s", float32, shared_row_major(256))
+    t = RegisterTensor("t", float32, (128,), spatial(32).local(4))
+
+    def store_at(offset: int) -> Program:
+        return _program(InstStmt(AllocShared(out=s)),
+                        InstStmt(RegisterInit(out=t, value=Const(1))),
+                        InstStmt(StoreShared(dst=s, src=t, offsets=(Const(offset),))))
+
+    for fits in (0, 64, 128):
+        assert verify(store_at(fits)) is not None
+    for outside, covers in ((200, r"\[200, 328\)"), (129, r"\[129, 257\)"), (-1, r"\[-1, 127\)")):
+        with pytest.raises(ProgramError, match=rf"outside the shared tile %s .*covers indices "
+                                               rf"{covers}; accepted: offsets from 0 to 128"):
+            verify(store_at(outside))
+    # offsets known only at run time are the interpreter's to check
+    runtime = _program(InstStmt(AllocShared(out=s)),
+                       InstStmt(RegisterInit(out=t, value=Const(1))),
+                       InstStmt(StoreShared(dst=s, src=t, offsets=(Var("n") * 200,))))
+    assert verify(runtime) is runtime
