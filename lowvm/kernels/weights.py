@@ -74,9 +74,14 @@ def check_weight_shape(n: int, k: int, group: int, bk: int, bn: int = WEIGHT_BN)
 def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, group: int,
                    device: Any = "cuda", zeros: np.ndarray | None = None) -> QuantWeight:
     """Repack integer codes ``[N, K]`` of ``wtype`` and ``scales [K/group, N]`` for the GPU
-    (with ``zeros [K/group, N]``, codes of the zero point, for asymmetric types)."""
+    (with ``zeros [K/group, N]``, codes of the zero point, for asymmetric types).
+
+    ``device`` is where the weight will live: a CUDA device for the kernels (checked
+    first, so a machine without one is told so before any repacking), or ``"cpu"`` to
+    hold the repacked weight in host memory."""
     import torch
 
+    _checked_device(device)
     wt = as_dtype(wtype)
     n, k = codes.shape
     fmt = weight_format(wt, weight_bk(group, k))
@@ -94,6 +99,32 @@ def prepare_weight(codes: np.ndarray, scales: np.ndarray, wtype: DType | str, gr
 
     return QuantWeight(torch.from_numpy(packed).to(device), half(scales), wt, group, n, k, fmt.bk,
                        None if zeros is None else half(zeros))
+
+
+def _checked_device(device: Any) -> Any:
+    """``device`` as a torch.device, after making sure it exists here: torch's own failure
+    on a CPU-only machine is a bare ``AssertionError`` from deep inside ``.to("cuda")``."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise LowvmError(f"prepare_weight: device must be a torch device or its name "
+                         f"('cuda', 'cuda:1', 'cpu'), got {device!r}") from None
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise LowvmError(
+            f"prepare_weight: device={device!r} needs a CUDA device, and torch sees none "
+            "(torch.cuda.is_available() is False: a CPU-only torch build or no driver), so "
+            "the GPU kernels cannot run here. On a CPU use lowvm.QuantLinear, whose forward "
+            "takes the reference path there, or pass device='cpu' to keep the repacked "
+            "weight in host memory")
+    count = torch.cuda.device_count()
+    if dev.index is not None and not 0 <= dev.index < count:
+        raise LowvmError(f"prepare_weight: device={device!r} does not exist; this machine "
+                         f"has {count} CUDA device(s): cuda:0..cuda:{count - 1}")
+    return dev
 
 
 def check_activation(x: Any, weight: QuantWeight) -> Any:
