@@ -60,7 +60,7 @@ def evaluate_variant(variant: Variant, ref: Reference, fp16_perplexity: float | 
     row: dict[str, Any] = {"variant": variant.label, "key": variant.key,
                            "dtype": variant.dtype or ("float16" if variant.bits is None
                                                       else None),
-                           "method": variant.method or ("budget" if variant.bits else None),
+                           "method": variant.method,
                            "group_size": None if variant.key == "fp16" else variant.group_size,
                            "bits_budget": variant.bits}
     model = None
@@ -74,6 +74,9 @@ def evaluate_variant(variant: Variant, ref: Reference, fp16_perplexity: float | 
             row["bits_per_weight"] = 16.0
         else:
             row["dtype"] = type_mix(report)
+            row["method"] = report.method
+            if report.notes:
+                row["notes"] = list(report.notes)
             row["layers_quantized"] = len(report.layers)
             row["weight_bytes"] = report.bytes_after
             row["bits_per_weight"] = round(bits_per_weight(report, ref.dense), 4)

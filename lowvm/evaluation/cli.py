@@ -32,6 +32,7 @@ from lowvm.evaluation.variants import DEFAULT_VARIANTS, parse_variants
 __all__ = ["build_parser", "run", "format_table", "main"]
 
 CALIBRATION_SEED = 1234  # calibration windows are drawn apart from the training stream
+CALIBRATION_BATCH = 8  # sequences per calibration batch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-bytes", type=int, default=None,
                    help="cap on corpus bytes read (default: every file)")
     p.add_argument("--eval-sequences", type=int, default=None,
-                   help="held-out sequences scored (default: the config's; small 512)")
+                   help="held-out sequences scored (default: the config's; small 1024)")
     p.add_argument("--calibration-sequences", type=int, default=32,
                    help="training sequences given to GPTQ and bit budgets")
     p.add_argument("--eval-batch", type=int, default=16, help="sequences per scoring batch")
@@ -113,7 +114,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
     calib = random_batch(corpus.train, r.seq_len, opts.calibration_sequences, generator)
     ref = Reference(recipe=r, device=device, dense=dense,
                     state_dict={k: v.detach().clone() for k, v in dense.state_dict().items()},
-                    heldout=heldout, calibration=[row[None].to(device) for row in calib],
+                    heldout=heldout, calibration=list(calib.to(device).split(CALIBRATION_BATCH)),
                     probe=heldout[:4].to(device), eval_batch=opts.eval_batch)
     result: dict[str, Any] = {"ok": False, "finished": False, "model": model_info, "rows": []}
     fp16 = None

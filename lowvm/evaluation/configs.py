@@ -47,7 +47,7 @@ RECIPES: dict[str, ModelRecipe] = {
                         eval_sequences=16),
     "small": ModelRecipe(hidden=512, layers=8, heads=8, kv_heads=2, intermediate=1536,
                          seq_len=512, batch_size=64, learning_rate=1e-3, train_seconds=180.0,
-                         eval_sequences=512),
+                         eval_sequences=1024),
 }
 
 

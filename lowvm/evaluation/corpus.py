@@ -115,16 +115,25 @@ def load_corpus(root: str | Path | None = None, max_bytes: int | None = None,
 def sequences(tokens: torch.Tensor, seq_len: int, max_sequences: int | None = None
               ) -> torch.Tensor:
     """``tokens`` cut into consecutive, non-overlapping ``[n, seq_len]`` int64 rows (the
-    tail that does not fill a row is dropped; at most ``max_sequences`` rows)."""
+    tail that does not fill a row is dropped). With ``max_sequences`` fewer than the rows,
+    that many rows evenly spread over them (first and last included) are kept, so a capped
+    held-out set still samples every part of the split rather than its first files."""
     if seq_len < 2:
         raise EvaluationError(f"seq_len={seq_len!r}: accepted: an int of at least 2")
+    if max_sequences is not None and max_sequences < 1:
+        raise EvaluationError(f"max_sequences={max_sequences!r}: accepted: a positive int "
+                              "or None")
     n = tokens.numel() // seq_len
-    if max_sequences is not None:
-        n = min(n, max_sequences)
     if n == 0:
         raise EvaluationError(f"{tokens.numel()} tokens hold no sequence of seq_len={seq_len}; "
                               "accepted: a shorter seq_len or a larger corpus")
-    return tokens[:n * seq_len].view(n, seq_len).long()
+    rows = tokens[:n * seq_len].view(n, seq_len).long()
+    if max_sequences is None or max_sequences >= n:
+        return rows
+    if max_sequences == 1:
+        return rows[:1]
+    keep = torch.linspace(0, n - 1, max_sequences, dtype=torch.float64).round().long()
+    return rows[keep]
 
 
 def random_batch(tokens: torch.Tensor, seq_len: int, batch_size: int,

@@ -92,12 +92,19 @@ def test_the_standard_library_gives_both_splits():
 
 def test_sequences_are_consecutive_rows_and_batches_are_windows():
     tokens = torch.arange(100, dtype=torch.uint8)
+    every = sequences(tokens, 16)
+    assert every.dtype == torch.int64 and every.shape == (6, 16)
+    assert every.flatten().tolist() == list(range(96))
     rows = sequences(tokens, 16, max_sequences=4)
-    assert rows.dtype == torch.int64 and rows.shape == (4, 16)
-    assert rows.flatten().tolist() == list(range(64))
-    assert sequences(tokens, 16).shape == (6, 16)
+    starts = [row[0].item() // 16 for row in rows]
+    assert rows.shape == (4, 16) and starts[0] == 0 and starts[-1] == 5
+    assert starts == sorted(set(starts)) and all(torch.equal(r, every[i])
+                                                 for r, i in zip(rows, starts))
+    assert sequences(tokens, 16, max_sequences=1).tolist() == [list(range(16))]
     with pytest.raises(EvaluationError, match="seq_len=1"):
         sequences(tokens, 1)
+    with pytest.raises(EvaluationError, match="max_sequences=0"):
+        sequences(tokens, 16, max_sequences=0)
     with pytest.raises(EvaluationError, match="no sequence"):
         sequences(tokens, 101)
     a = random_batch(tokens, 10, 5, torch.Generator().manual_seed(3))
