@@ -27,8 +27,8 @@ def _tuned_schedule(m: int, weight: object) -> object:
 
 _set_schedule_source(_tuned_schedule)
 
-_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "fuse_projections", "FuseReport",
-             "use_decode_attention")
+_NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "from_pretrained",
+             "dequantize_model", "fuse_projections", "FuseReport", "use_decode_attention")
 _KERNEL_NAMES = ("overlapped_launches",)
 
 

@@ -1,7 +1,9 @@
 """Quantized layers for PyTorch and Hugging Face models.
 
 ``QuantLinear`` (a low-bit ``nn.Linear``), ``quantize_model`` (replace a model's linears),
-``LowvmConfig`` (quantize while ``from_pretrained`` loads), the GPTQ/AWQ importers and
+``LowvmConfig`` (quantize while ``from_pretrained`` loads), ``from_pretrained`` (any
+checkpoint, GPTQ/AWQ/compressed-tensors included, onto lowvm layers),
+``dequantize_model``, the per-layer GPTQ/AWQ/compressed-tensors importers and
 ``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving) and
 ``use_decode_attention`` (decode steps' attention on a VM program).
 Names load lazily so that ``import lowvm`` does not pay for torch or transformers.
@@ -18,7 +20,7 @@ __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_
            "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
            "WeightFormatError", "LowvmFallbackWarning", "fuse_projections", "FuseReport",
            "FuseError", "FusedGateUpMLP", "concat_out_features", "use_decode_attention",
-           "AttentionError"]
+           "AttentionError", "from_pretrained", "dequantize_model", "from_compressed_tensors"]
 
 _WHERE = {
     "QuantLinear": "lowvm.nn.quant_linear",
@@ -27,6 +29,9 @@ _WHERE = {
     "LowvmConfig": "lowvm.nn.hf_quantizer",
     "from_gptq": "lowvm.nn.checkpoint_import",
     "from_awq": "lowvm.nn.checkpoint_import",
+    "from_compressed_tensors": "lowvm.nn.checkpoint_import",
+    "from_pretrained": "lowvm.nn.loading",
+    "dequantize_model": "lowvm.nn.dequantize",
     "QuantizationError": "lowvm.nn.errors",
     "ActivationError": "lowvm.nn.errors",
     "CheckpointImportError": "lowvm.nn.errors",

@@ -22,7 +22,16 @@ int32 ``[G, N/8]`` pack 8 output channels per word in the interleaved order: nib
 (bits 4i..4i+3) of word c holds channel ``8c + (0, 2, 4, 6, 1, 3, 5, 7)[i]``. Zeros are
 stored as they are. The "GEMV" variant (packed along K) is not accepted.
 
-Both importers unpack the codes and hand them to :meth:`QuantLinear.set_codes`, which
+**compressed-tensors** "pack-quantized" (what llm-compressor writes for W4A16, W8A16, ...),
+``bits`` 2..8: ``weight_packed`` int32 ``[N, ceil(K*bits/32)]`` holds each output row's K
+codes as one little-endian bit stream (like a GPTQ column), each code stored as
+``q + 2**(bits-1)`` for the signed ``q``; ``weight_scale`` ``[N, G]``; asymmetric layers add
+``weight_zero_point`` packed the same way along N (``[ceil(N*bits/32), G]``), and act-order
+layers ``weight_g_idx``. ``W[n, k] = (q - zero) * scale``: a symmetric layer becomes
+lowvm's ``int{bits}`` (the stored code with its top bit flipped is q's two's complement),
+an asymmetric one ``uint{bits}`` with zero points.
+
+Every importer unpacks the codes and hands them to :meth:`QuantLinear.set_codes`, which
 repacks them into the GPU kernel's layout (the one copy the layer keeps).
 """
 
@@ -36,7 +45,7 @@ from lowvm.nn.errors import CheckpointImportError
 from lowvm.nn.packing import unpack_rows
 from lowvm.nn.quant_linear import QuantLinear
 
-__all__ = ["from_gptq", "from_awq", "AWQ_ORDER"]
+__all__ = ["from_gptq", "from_awq", "from_compressed_tensors", "AWQ_ORDER"]
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of a word holds channel 8c + AWQ_ORDER[i]
 _GPTQ_BITS = (2, 3, 4, 8)
@@ -164,6 +173,65 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                         device=qweight.device, bias_dtype=_bias_dtype(bias))
     codes = _awq_unpack(qweight).t().contiguous()  # [N, K]
     layer.set_codes(codes, scales, _awq_unpack(qzeros).to(torch.float16))
+    if bias is not None and layer.bias is not None:
+        with torch.no_grad():
+            layer.bias.copy_(bias)
+    return layer
+
+
+def _fp16_scales(scales: torch.Tensor, where: str) -> torch.Tensor:
+    """Scales as float16, refusing what float16 cannot hold (bfloat16 checkpoints)."""
+    s = scales.float()
+    if not bool(torch.isfinite(s).all()) or bool((s.abs() > 65504).any()):
+        raise CheckpointImportError(f"{where}: scales hold values float16 cannot store "
+                                    f"(largest magnitude {float(s.abs().max()):.3g}); lowvm "
+                                    "keeps float16 scales")
+    return s.half()
+
+
+def from_compressed_tensors(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
+                            weight_zero_point: torch.Tensor | None = None,
+                            weight_g_idx: torch.Tensor | None = None,
+                            bias: torch.Tensor | None = None, *, bits: int,
+                            in_features: int, symmetric: bool = True) -> QuantLinear:
+    """A QuantLinear (``int{bits}``, or ``uint{bits}`` with zero points when asymmetric)
+    holding a compressed-tensors pack-quantized layer."""
+    where = "from_compressed_tensors"
+    if isinstance(bits, bool) or bits not in range(2, 9):
+        raise CheckpointImportError(f"{where}: bits={bits!r}; accepted: 2..8")
+    _check_int32("weight_packed", weight_packed, where)
+    n, k = weight_packed.shape[0], in_features
+    _check_shape("weight_packed", weight_packed, (n, -(-k * bits // 32)), where)
+    if not isinstance(weight_scale, torch.Tensor) or weight_scale.dim() != 2 \
+            or weight_scale.shape[0] != n or not weight_scale.dtype.is_floating_point:
+        raise CheckpointImportError(f"{where}: weight_scale must be a float [{n}, groups] "
+                                    f"tensor; got {getattr(weight_scale, 'dtype', None)} "
+                                    f"{tuple(getattr(weight_scale, 'shape', ()))}")
+    groups = weight_scale.shape[1]
+    if k % groups:
+        raise CheckpointImportError(f"{where}: {groups} scale groups do not divide K={k}")
+    group_size = k // groups
+    perm = _group_order(weight_g_idx, k, groups, group_size, where)
+    codes = unpack_rows(_word_bytes(weight_packed), bits, k)  # [N, K]: q + 2**(bits-1)
+    offset = 1 << (bits - 1)
+    if symmetric:
+        if weight_zero_point is not None:
+            raise CheckpointImportError(f"{where}: a symmetric layer has no weight_zero_point")
+        wtype, zeros = f"int{bits}", None
+        codes = codes ^ offset  # two's complement of q = stored - offset
+    else:
+        if weight_zero_point is None:
+            raise CheckpointImportError(f"{where}: an asymmetric layer needs weight_zero_point")
+        _check_int32("weight_zero_point", weight_zero_point, where)
+        _check_shape("weight_zero_point", weight_zero_point, (-(-n * bits // 32), groups), where)
+        zp_rows = _word_bytes(weight_zero_point.t())  # [G, words]: each group's N zeros
+        wtype, zeros = f"uint{bits}", unpack_rows(zp_rows, bits, n).to(torch.float16)
+    layer = QuantLinear(k, n, wtype, group_size, zero_point=not symmetric,
+                        bias=bias is not None, act_order=perm is not None,
+                        device=weight_packed.device, bias_dtype=_bias_dtype(bias))
+    if perm is not None:
+        codes = codes[:, perm.to(codes.device)]
+    layer.set_codes(codes, _fp16_scales(weight_scale.t(), where), zeros, perm)
     if bias is not None and layer.bias is not None:
         with torch.no_grad():
             layer.bias.copy_(bias)

@@ -2,26 +2,39 @@
 
 ``LowvmConfig`` is registered as quantization method ``"lowvm"``, so
 
-* ``from_pretrained(path, quantization_config=LowvmConfig(dtype="int4"))`` loads the dense
-  weights, then quantizes the linear layers (:func:`~lowvm.nn.model.quantize_model`);
+* ``from_pretrained(path, quantization_config=LowvmConfig(dtype="int4"))`` quantizes a
+  dense checkpoint's linear layers (the settings of :func:`~lowvm.nn.model.quantize_model`):
+  each dense weight is quantized the moment it is read (transformers' per-parameter
+  hook, :class:`QuantizeOnLoad`), so the dense model never exists whole;
 * a checkpoint saved from a lowvm model records every layer's format in
   ``config.quantization_config.modules``; a plain ``from_pretrained(path)`` then builds empty
   ``QuantLinear`` layers of those formats before the packed tensors are loaded into them.
   The packed tensors are in the GPU kernel's repacked layout; each entry's
   ``kernel_format`` names that layout's version, and a checkpoint of another version is
-  refused (:class:`~lowvm.nn.errors.WeightFormatError`) before any layer is built.
+  refused (:class:`~lowvm.nn.errors.WeightFormatError`) before any layer is built;
+* a ``LowvmConfig`` whose ``source`` is a GPTQ/AWQ/compressed-tensors checkpoint's own
+  config (what :func:`lowvm.from_pretrained` passes) loads the packed tensors into
+  :class:`~lowvm.nn.import_shell.ImportShell` holders and repacks each into a QuantLinear
+  (:mod:`lowvm.nn.hub_import`).
 
-Only hooks present in transformers 5.17, 5.23 and 5.24 are used:
-``_process_model_before/after_weight_loading``, ``update_dtype``, ``is_serializable``.
+After loading, the model's config records every layer (a lowvm checkpoint when saved) and
+``save_pretrained`` also writes a model card saying the checkpoint needs lowvm.
+
+Only hooks present in transformers 5.17 to 5.24 are used:
+``_process_model_before/after_weight_loading``, ``update_dtype``,
+``param_needs_quantization`` with ``get_quantize_ops``, ``_dequantize``,
+``is_serializable``.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
+from transformers.core_model_loading import ConversionOps
 from transformers.quantizers.auto import (
     AUTO_QUANTIZATION_CONFIG_MAPPING,
     AUTO_QUANTIZER_MAPPING,
@@ -32,8 +45,9 @@ from transformers.quantizers.base import HfQuantizer
 
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.hf_config import METHOD, LowvmConfig
+from lowvm.nn.swap import set_module as _set_module
 
-__all__ = ["LowvmConfig", "LowvmHfQuantizer", "register"]
+__all__ = ["LowvmConfig", "LowvmHfQuantizer", "QuantizeOnLoad", "register"]
 
 
 def _shell(linear: nn.Linear, entry: Mapping[str, Any], name: str) -> nn.Module:
@@ -67,44 +81,146 @@ def _check_recorded_format(shell: nn.Module, entry: Mapping[str, Any], name: str
                             "codes over (QuantLinear.codes() there, set_codes here)")
 
 
+class QuantizeOnLoad(ConversionOps):
+    """transformers' per-weight hook: quantize one dense weight the moment it is read.
+
+    The dense tensor arrives on the layer's target device; the layer is replaced by a
+    :class:`QuantLinear` and the dense weight is dropped, so loading never holds more
+    than one dense layer at a time beside the quantized model."""
+
+    def __init__(self, quantizer: LowvmHfQuantizer) -> None:
+        self.quantizer = quantizer
+
+    def convert(self, input_dict: dict[str, Any], source_patterns: Any = None,
+                target_patterns: Any = None, full_layer_name: str | None = None,
+                model: nn.Module | None = None, missing_keys: Any = None,
+                **kwargs: Any) -> dict[str, torch.Tensor]:
+        value = next(iter(input_dict.values()))
+        value = value[0] if isinstance(value, list) else value
+        name = str(full_layer_name).rpartition(".")[0]
+        try:
+            self.quantizer.quantize_layer(model, name, value)
+        except Exception as exc:  # transformers only logs conversion errors: keep ours
+            self.quantizer.errors.append(exc)
+            raise
+        if missing_keys is not None:
+            missing_keys.discard(full_layer_name)
+        return {}
+
+
 class LowvmHfQuantizer(HfQuantizer):
     """Builds lowvm layers for ``from_pretrained`` (see the module docstring)."""
 
     requires_calibration = False
 
+    def __init__(self, quantization_config: LowvmConfig, **kwargs: Any) -> None:
+        super().__init__(quantization_config, **kwargs)
+        self.plan: dict[str, Any] = {}        # quantize-on-load: layer name -> QuantSpec
+        self.errors: list[Exception] = []     # raised inside transformers' loading loop
+        self.imported: dict[str, str] = {}    # import: layer name -> checkpoint method
+
     def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
-        """lowvm layers take float16/bfloat16 activations: float32 (or unset) becomes float16."""
+        """lowvm layers take float16/bfloat16 activations: float32 (or unset) becomes
+        float16, and an explicit float32 says so."""
+        if dtype == torch.float32:
+            warnings.warn("lowvm: dtype=torch.float32 requested, but lowvm layers compute in "
+                          "float16 or bfloat16: the model loads as torch.float16 (pass "
+                          "dtype=torch.bfloat16 for bfloat16)", stacklevel=2)
         if dtype is None or dtype == torch.float32:
             return torch.float16
         return dtype
 
-    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
-        if not self.pre_quantized:
-            return model
-        modules = dict(model.named_modules())
-        entries = self.quantization_config.modules
-        missing = [name for name in entries if not isinstance(modules.get(name), nn.Linear)]
-        if missing:
-            raise QuantizationError(f"LowvmConfig.modules names layers the model has no "
-                                    f"nn.Linear for: {missing[:5]}; the checkpoint does not "
-                                    "match this model class")
-        shells = {name: _shell(modules[name], entry, name) for name, entry in entries.items()}
-        for name, shell in shells.items():  # before any swap: a refusal changes nothing
-            _check_recorded_format(shell, entries[name], name)
-        for name, shell in shells.items():
-            parent, _, child = name.rpartition(".")
-            setattr(modules[parent] if parent else model, child, shell)
+    def _process_model_before_weight_loading(self, model: nn.Module, **kwargs: Any
+                                             ) -> nn.Module:
+        config = self.quantization_config
+        if config.source is not None:
+            from lowvm.nn.hub_import import build_import_shells
+
+            self.imported = build_import_shells(model, config.source,
+                                                kwargs.get("checkpoint_files"))
+        elif self.pre_quantized:
+            _build_lowvm_shells(model, config.modules)
+        else:
+            if config.method != "rtn":
+                raise QuantizationError(
+                    f"LowvmConfig: method={config.method!r} cannot run while loading "
+                    "(calibration runs the whole model forward); load the dense model, then "
+                    "lowvm.quantize_model(model, method='gptq', calibration=batches)")
+            from lowvm.nn.model import plan_layers  # loads the kernels: only when used
+
+            self.plan, _ = plan_layers(model, loaded=False, **config.quantize_kwargs())
         return model
+
+    def param_needs_quantization(self, model: nn.Module, param_name: str, **kwargs: Any
+                                 ) -> bool:
+        module, _, tensor = param_name.rpartition(".")
+        return not self.pre_quantized and tensor == "weight" and module in self.plan
+
+    def get_quantize_ops(self) -> QuantizeOnLoad:
+        return QuantizeOnLoad(self)
+
+    def quantize_layer(self, model: nn.Module, name: str, weight: torch.Tensor) -> None:
+        """Replace the planned linear ``name`` by a QuantLinear of ``weight``."""
+        from lowvm.nn.quant_linear import QuantLinear
+        from lowvm.nn.quantize import quantize_weight
+
+        linear = model.get_submodule(name)
+        spec = self.plan[name]
+        bias = linear.bias if linear.bias is not None and not linear.bias.is_meta else None
+        dt = weight.dtype
+        layer = QuantLinear(linear.in_features, linear.out_features, spec.wtype,
+                            spec.group_size, spec.zero_point, bias=linear.bias is not None,
+                            device=weight.device,
+                            bias_dtype=dt if dt in (torch.float16, torch.bfloat16)
+                            else torch.float16)
+        codes, scales, zeros = quantize_weight(weight, spec, f"layer {name!r}")
+        layer.set_codes(codes, scales, zeros)
+        if bias is not None and layer.bias is not None:
+            layer.bias.copy_(bias.detach())
+        _set_module(model, name, layer)
 
     def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
-        if not self.pre_quantized:
-            from lowvm.nn.model import quantize_model  # loads the kernels: only when used
+        if self.errors:
+            raise self.errors[0]
+        config = self.quantization_config
+        if config.source is not None:
+            from lowvm.nn.hub_import import convert_import_shells
 
-            settings = self.quantization_config.quantize_kwargs()
-            report = quantize_model(model, progress=True, **settings)
-            self.quantization_config.modules = report.modules()
-            model.config.quantization_config = self.quantization_config
+            modules = convert_import_shells(model)
+        elif self.pre_quantized:
+            modules = dict(config.modules)
+        else:
+            modules = self._finish_quantize_on_load(model)
+        record = LowvmConfig(dtype=config.dtype, group_size=config.group_size,
+                             zero_point=config.zero_point, skip=config.skip,
+                             modules=modules, method=config.method)
+        self.quantization_config = record
+        model.config.quantization_config = record
+        from lowvm.nn.model_card import attach_model_card
+
+        attach_model_card(model)
         return model
+
+    def _finish_quantize_on_load(self, model: nn.Module) -> dict[str, Any]:
+        """Layers whose weight never passed through the hook (a tied or missing weight,
+        filled in after loading) are quantized now; returns every layer's record."""
+        from lowvm.nn.quant_linear import QuantLinear
+
+        left = [name for name in self.plan
+                if isinstance(model.get_submodule(name), nn.Linear)]
+        for name in left:
+            weight = model.get_submodule(name).weight
+            if weight.is_meta:
+                raise QuantizationError(f"layer {name!r}: the checkpoint holds no weight for "
+                                        "it, so there is nothing to quantize")
+            self.quantize_layer(model, name, weight.detach())
+        return {name: model.get_submodule(name).layer_config() for name in self.plan
+                if isinstance(model.get_submodule(name), QuantLinear)}
+
+    def _dequantize(self, model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
+        from lowvm.nn.dequantize import dequantize_model
+
+        return dequantize_model(model, dtype)
 
     def is_serializable(self, *args: Any, **kwargs: Any) -> bool:
         return True
@@ -116,6 +232,21 @@ class LowvmHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _build_lowvm_shells(model: nn.Module, entries: Mapping[str, Mapping[str, Any]]) -> None:
+    """Empty QuantLinear layers of the formats a lowvm checkpoint records."""
+    modules = dict(model.named_modules())
+    missing = [name for name in entries if not isinstance(modules.get(name), nn.Linear)]
+    if missing:
+        raise QuantizationError(f"LowvmConfig.modules names layers the model has no "
+                                f"nn.Linear for: {missing[:5]}; the checkpoint does not "
+                                "match this model class")
+    shells = {name: _shell(modules[name], entry, name) for name, entry in entries.items()}
+    for name, shell in shells.items():  # before any swap: a refusal changes nothing
+        _check_recorded_format(shell, entries[name], name)
+    for name, shell in shells.items():
+        _set_module(model, name, shell)
 
 
 def register() -> None:

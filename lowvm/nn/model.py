@@ -23,7 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowvm.nn.bit_budget import BudgetPlan, check_bits, check_candidates, layer_bytes, solve_budget
+from lowvm.nn.bit_budget import (
+    BudgetPlan,
+    check_bits,
+    check_budget,
+    check_candidates,
+    layer_bytes,
+    solve_budget,
+)
 from lowvm.nn.calibration import find_blocks, prepare_calibration, run_blocks
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.gptq import gptq_quantize, proxy_error
@@ -88,9 +95,12 @@ def _tied_weights(model: nn.Module) -> set[int]:
 
 
 def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
-                zero_point: bool | None, skip: Iterable[str]
+                zero_point: bool | None, skip: Iterable[str], *, loaded: bool = True
                 ) -> tuple[dict[str, QuantSpec], dict[str, str]]:
-    """Check every linear layer and return ``(name -> spec, skipped name -> why)``."""
+    """Check every linear layer and return ``(name -> spec, skipped name -> why)``.
+
+    ``loaded`` False: the model's weights are still on the meta device (quantizing while
+    transformers loads them), so only the settings and shapes are checked."""
     if isinstance(skip, str):
         skip = (skip,)
     skip = tuple(skip or ())
@@ -115,7 +125,7 @@ def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
         if id(module.weight) in tied:
             skipped[name] = "weight tied to another module"
             continue
-        if module.weight.is_meta:
+        if loaded and module.weight.is_meta:
             raise QuantizationError(f"quantize_model: layer {name!r} has no weights yet (meta "
                                     "device); load the model's weights first")
         if module.weight.dtype not in (torch.float16, torch.bfloat16):
@@ -333,9 +343,14 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
     names = check_candidates(candidates)
     plans = {c: plan_layers(model, c, group_size, zero_point, skip) for c in names}
     layers, skipped = plans[names[0]]
+    modules = dict(model.named_modules())
+    weights = {name: modules[name].weight.numel() for name in layers}
+    sizes = {name: {c: layer_bytes(modules[name].in_features, modules[name].out_features,
+                                   plans[c][0][name], act_order) for c in names}
+             for name in layers}
+    check_budget(sizes, weights, bits)
     samples = prepare_calibration(calibration)
     find_blocks(model)
-    modules = dict(model.named_modules())
     options: dict[str, dict[str, tuple[int, float]]] = {}
 
     def measure(hessians: dict[str, torch.Tensor | None]) -> bool:
@@ -353,13 +368,11 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
                     rounded = QuantLinear.from_linear(linear, spec.wtype, spec.group_size,
                                                       spec.zero_point, name=name)
                     error = proxy_error(linear.weight, rounded.dequantize(), h)
-                options[name][cand] = (layer_bytes(k, linear.out_features, spec,
-                                                   act_order and method == "gptq"), error)
+                options[name][cand] = (sizes[name][cand], error)
         return False
 
     run_blocks(model, samples, list(layers), measure, progress=progress,
                desc="lowvm: measuring types")
-    weights = {name: modules[name].weight.numel() for name in layers}
     budget = solve_budget({name: options[name] for name in layers}, weights, bits)
     chosen = {name: plans[t][0][name] for name, t in budget.dtypes().items()}
     report = QuantReport(skipped=skipped, method=method, plan=budget)
