@@ -143,18 +143,19 @@ def view_layout(src: RegisterLayout, src_bits: int, dst_bits: int,
                 dst_shape: tuple[int, ...]) -> RegisterLayout | None:
     """The layout of ``src``'s registers read as ``dst_bits``-wide values, or None.
 
-    Each thread keeps its bits; that is a layout of ``dst_shape`` only when the
-    innermost local digit runs along the last dim at stride 1, so that run can be
-    rescaled by ``src_bits / dst_bits`` (e.g. 16 bytes -> 32 int4 values).
+    Each thread keeps its bits; that is a layout of ``dst_shape`` when the innermost
+    local digit runs along the last dim at stride 1, so that run can be rescaled by
+    ``src_bits / dst_bits`` (e.g. 16 bytes -> 32 int4 values), or, for a narrower
+    type, when each source element becomes a new innermost run of ``src_bits /
+    dst_bits`` values (one byte per thread -> 2 int4 values).
     """
     if src_bits == dst_bits:
         return src if src.shape == dst_shape else None
     last_dim = src.rank - 1
-    if not src.local_modes or not src.mode_shape[last_dim]:
-        return None
     last_mode = len(src.mode_sizes) - 1  # modes are numbered dim by dim
-    if src.local_modes[-1] != last_mode:
-        return None
+    if (not src.local_modes or not src.mode_shape[last_dim]
+            or src.local_modes[-1] != last_mode):
+        return _split_elements(src, src_bits, dst_bits, dst_shape)
     run = src.mode_sizes[last_mode]
     if (run * src_bits) % dst_bits:
         return None
@@ -171,6 +172,22 @@ def view_layout(src: RegisterLayout, src_bits: int, dst_bits: int,
         recipe = f"view({src.recipe}, {src_bits}->{dst_bits} bits)"
     return RegisterLayout(shape, src.mode_shape[:-1] + (modes,), src.spatial_modes,
                           src.local_modes, recipe=recipe)
+
+
+def _split_elements(src: RegisterLayout, src_bits: int, dst_bits: int,
+                    dst_shape: tuple[int, ...]) -> RegisterLayout | None:
+    """``src`` with each element split into ``src_bits / dst_bits`` narrower values: a
+    new innermost local mode, the last of the last dim (``src.local(1, ..., r)``)."""
+    if src_bits % dst_bits:
+        return None
+    run = src_bits // dst_bits
+    shape = src.shape[:-1] + (src.shape[-1] * run,)
+    if shape != tuple(dst_shape):
+        return None
+    new_mode = len(src.mode_sizes)  # the last mode of the last dim: numbered last
+    recipe = f"{src.recipe}.local({'1, ' * (src.rank - 1)}{run})" if src.recipe else ""
+    return RegisterLayout(shape, src.mode_shape[:-1] + (src.mode_shape[-1] + (run,),),
+                          src.spatial_modes, src.local_modes + (new_mode,), recipe=recipe)
 
 
 @dataclass(frozen=True)

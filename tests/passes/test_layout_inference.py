@@ -305,8 +305,13 @@ def test_view_layout_rescales_the_innermost_run_both_ways():
     assert view_layout(src, 8, 4, (32, 64)) == local(2, 1).spatial(16, 8).local(1, 8)
     assert view_layout(view_layout(src, 8, 4, (32, 64)), 4, 8, (32, 32)) == src
     assert view_layout(src, 8, 3, (32, 85)) is None  # 32 bits are not whole 3-bit values
-    # the innermost local digit runs down the rows: a thread's bytes are not a row run
-    assert view_layout(spatial(16, 4).column_local(2, 2), 8, 4, (32, 16)) is None
+    # the innermost local digit runs down the rows: a thread's bytes are not a row run,
+    # so each byte becomes a new innermost run of two nibbles (none to widen back)
+    split = view_layout(spatial(16, 4).column_local(2, 2), 8, 4, (32, 16))
+    assert split == spatial(16, 4).column_local(2, 2).local(1, 2)
+    assert view_layout(spatial(16, 4).column_local(2, 2), 4, 8, (32, 4)) is None
+    # one byte per thread (no local digit): two nibbles each
+    assert view_layout(spatial(4, 16), 8, 4, (4, 32)) == spatial(4, 16).local(1, 2)
 
 
 def test_mma_candidates_prefer_warps_along_m_and_the_int8_k32_atom():
