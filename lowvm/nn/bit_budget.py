@@ -28,8 +28,8 @@ import numpy as np
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.spec import QuantSpec, weight_type
 
-__all__ = ["BudgetPlan", "PlanRow", "solve_budget", "layer_bytes", "check_bits",
-           "check_candidates", "DEFAULT_CANDIDATES"]
+__all__ = ["BudgetPlan", "PlanRow", "solve_budget", "check_budget", "layer_bytes",
+           "check_bits", "check_candidates", "DEFAULT_CANDIDATES"]
 
 DEFAULT_CANDIDATES = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
 _STEPS = 8192  # size resolution of the dynamic programme (steps over all layers' spreads)
@@ -118,6 +118,21 @@ class BudgetPlan:
         return "\n".join(lines)
 
 
+def check_budget(sizes: Mapping[str, Mapping[str, int]], weights: Mapping[str, int],
+                 bits: float, where: str = "quantize_model") -> None:
+    """Refuse ``bits`` below every layer at its smallest candidate (``sizes[layer][type]``:
+    bytes), before anything is measured."""
+    total = sum(weights[n] for n in sizes)
+    base = sum(min(s.values()) for s in sizes.values())
+    top = sum(max(s.values()) for s in sizes.values())
+    if 8 * base > bits * total:
+        raise QuantizationError(
+            f"{where}: bits={bits:g} is below the smallest plan: every layer at its smallest "
+            f"candidate takes {8 * base / total:.4g} bits per weight (scales and zero points "
+            f"included); accepted: bits >= {8 * base / total:.4g} (every layer at its largest "
+            f"candidate takes {8 * top / total:.4g})")
+
+
 def solve_budget(options: Mapping[str, Mapping[str, tuple[int, float]]],
                  weights: Mapping[str, int], bits: float, where: str = "quantize_model"
                  ) -> BudgetPlan:
@@ -131,16 +146,11 @@ def solve_budget(options: Mapping[str, Mapping[str, tuple[int, float]]],
             for n, cs in zip(names, cands)]
     error = [np.array([options[n][c][1] for c in cs], dtype=np.float64)
              for n, cs in zip(names, cands)]
+    check_budget({n: {c: options[n][c][0] for c in options[n]} for n in names}, weights, bits,
+                 where)
     total_weights = sum(weights[n] for n in names)
     budget = math.floor(bits * total_weights / 8)
     base = sum(int(s.min()) for s in size)
-    top = sum(int(s.max()) for s in size)
-    if budget < base:
-        raise QuantizationError(
-            f"{where}: bits={bits:g} is below the smallest plan: every layer at its smallest "
-            f"candidate takes {8 * base / total_weights:.4g} bits per weight (scales and zero "
-            f"points included); accepted: bits >= {8 * base / total_weights:.4g} (every layer "
-            f"at its largest candidate takes {8 * top / total_weights:.4g})")
     extra = [s - s.min() for s in size]
     step = max(1, math.ceil(sum(int(e.max()) for e in extra) / _STEPS))
     cost = [-(-e // step) for e in extra]  # rounded up: the plan never exceeds the budget

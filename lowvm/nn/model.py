@@ -35,6 +35,7 @@ from lowvm.nn.calibration import find_blocks, prepare_calibration, run_blocks
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.gptq import gptq_quantize, proxy_error
 from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.quantize import rounded_weight
 from lowvm.nn.spec import QuantSpec, make_spec
 
 __all__ = ["quantize_model", "QuantReport", "plan_layers", "name_matches"]
@@ -365,9 +366,8 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
                     error = gptq_quantize(linear.weight, h, spec, act_order=act_order, damp=damp,
                                           where=f"quantize_model: layer {name!r}").error
                 else:
-                    rounded = QuantLinear.from_linear(linear, spec.wtype, spec.group_size,
-                                                      spec.zero_point, name=name)
-                    error = proxy_error(linear.weight, rounded.dequantize(), h)
+                    rounded = rounded_weight(linear.weight, spec, f"layer {name!r}")
+                    error = proxy_error(linear.weight, rounded, h)
                 options[name][cand] = (sizes[name][cand], error)
         return False
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from lowvm.kernels.quantize import required_scales, round_to_nearest
+from lowvm.kernels.quantize import dequantize_with, required_scales, round_to_nearest
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.spec import QuantSpec
 
-__all__ = ["quantize_weight", "check_quantizable", "FP16_SCALE_MAX", "FP16_SCALE_MIN"]
+__all__ = ["quantize_weight", "rounded_weight", "check_quantizable", "FP16_SCALE_MAX",
+           "FP16_SCALE_MIN"]
 
 #: the largest scale a float16 holds
 FP16_SCALE_MAX = 65504.0
@@ -52,3 +53,15 @@ def quantize_weight(weight: torch.Tensor, spec: QuantSpec, where: str = "quantiz
     after :func:`check_quantizable`."""
     check_quantizable(weight, spec, where)
     return round_to_nearest(weight, spec.wtype, spec.group_size, spec.zero_point)
+
+
+def rounded_weight(weight: torch.Tensor, spec: QuantSpec, where: str = "quantize") -> torch.Tensor:
+    """The float32 weight ``[N, K]`` a round-to-nearest layer of ``spec`` decodes to, bit for
+    bit, without packing a layer (what measuring a type's error needs)."""
+    codes, scales, zeros = quantize_weight(weight, spec, where)
+    n, k = codes.shape
+    g = spec.group_size
+    zero = None if zeros is None else zeros.t().unsqueeze(-1)
+    values = dequantize_with(codes.view(n, k // g, g), scales.t().unsqueeze(-1), zero,
+                             spec.wtype)
+    return values.reshape(n, k)

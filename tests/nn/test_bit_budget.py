@@ -1,0 +1,199 @@
+"""Bits fitted to a budget: the planner against brute force, budgets that are respected
+and monotone, and quantize_model(bits=...) on a tiny model."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import lowvm
+from lowvm.nn.bit_budget import layer_bytes, solve_budget
+from lowvm.nn.errors import QuantizationError
+from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.quantize import rounded_weight
+from lowvm.nn.spec import make_spec
+from tests.helpers.models import tiny_llama
+
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+
+
+def _options(seed: int, layers: int, cands: int, scale: int = 1):
+    """Random (bytes, error) per layer and candidate: more bytes, less error, as for types."""
+    rng = np.random.default_rng(seed)
+    options, weights = {}, {}
+    for i in range(layers):
+        n = int(rng.integers(1, 5)) * 64 * scale
+        sizes = np.sort(rng.choice(np.arange(1, 20), cands, replace=False)) * n // 8
+        errors = np.sort(rng.random(cands))[::-1] * rng.random() * 10
+        options[f"l{i}"] = {f"t{j}": (int(sizes[j]), float(errors[j])) for j in range(cands)}
+        weights[f"l{i}"] = n
+    return options, weights
+
+
+def _brute_force(options, weights, bits):
+    names = list(options)
+    best = None
+    for combo in itertools.product(*(list(options[n]) for n in names)):
+        size = sum(options[n][c][0] for n, c in zip(names, combo))
+        if 8 * size <= bits * sum(weights.values()):
+            err = sum(options[n][c][1] for n, c in zip(names, combo))
+            best = err if best is None else min(best, err)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_plan_is_the_brute_force_optimum_within_the_budget(seed):
+    options, weights = _options(seed, layers=5, cands=3)
+    smallest = 8 * sum(min(s for s, _ in o.values()) for o in options.values())
+    largest = 8 * sum(max(s for s, _ in o.values()) for o in options.values())
+    total = sum(weights.values())
+    for bits in np.linspace(smallest / total, largest / total, 9):
+        plan = solve_budget(options, weights, float(bits))
+        assert 8 * sum(r.bytes for r in plan.rows) <= bits * total
+        assert plan.bits_per_weight <= bits
+        assert plan.total_error == pytest.approx(_brute_force(options, weights, bits), abs=1e-12)
+        assert [r.name for r in plan.rows] == list(options)
+        for row in plan.rows:
+            assert options[row.name][row.dtype] == (row.bytes, row.error)
+
+
+def test_a_looser_budget_never_gives_a_higher_error_and_always_fits():
+    options, weights = _options(7, layers=40, cands=6, scale=4096)  # sizes discretised
+    total = sum(weights.values())
+    lowest = 8 * sum(min(s for s, _ in o.values()) for o in options.values()) / total
+    previous = None
+    for bits in np.linspace(lowest, 20, 60):
+        plan = solve_budget(options, weights, float(bits))
+        assert plan.bits_per_weight <= bits
+        if previous is not None:
+            assert plan.total_error <= previous
+        previous = plan.total_error
+    best = sum(min(e for _, e in o.values()) for o in options.values())
+    assert previous == pytest.approx(best)  # an unbinding budget: each layer's least error
+
+
+def test_budgets_below_the_smallest_plan_are_refused():
+    options, weights = _options(3, layers=4, cands=3)
+    total = sum(weights.values())
+    lowest = 8 * sum(min(s for s, _ in o.values()) for o in options.values()) / total
+    with pytest.raises(QuantizationError, match=r"bits=.* is below the smallest plan.*bits >="):
+        solve_budget(options, weights, lowest * 0.99)
+    plan = solve_budget(options, weights, lowest)
+    assert all(r.bytes == min(s for s, _ in options[r.name].values()) for r in plan.rows)
+
+
+@pytest.mark.parametrize("wtype, group, act_order", [("int3", 64, False), ("uint4", 128, True),
+                                                     ("float4_e2m1", -1, False)])
+def test_layer_bytes_is_what_the_layer_stores_without_its_bias(wtype, group, act_order):
+    linear = torch.nn.Linear(256, 128, bias=True).half()
+    spec = make_spec(wtype, group, None, 256, 128)
+    layer = QuantLinear(256, 128, wtype, group, None, bias=True, act_order=act_order)
+    bias = layer.bias.numel() * layer.bias.element_size()
+    assert layer_bytes(256, 128, spec, act_order) == layer.weight_bytes() - bias
+    built = QuantLinear.from_linear(linear, wtype, group)
+    assert layer_bytes(256, 128, spec, False) == built.weight_bytes() - bias
+
+
+@pytest.mark.parametrize("wtype, group", [("int3", 64), ("uint4", -1), ("float4_e2m1", 64)])
+def test_the_measured_round_to_nearest_weight_is_the_layers_own(wtype, group):
+    linear = torch.nn.Linear(256, 128).half()
+    spec = make_spec(wtype, group, None, 256, 128)
+    assert torch.equal(rounded_weight(linear.weight, spec),
+                       QuantLinear.from_linear(linear, wtype, group).dequantize())
+
+
+def _calibration(n: int = 2) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 256, (2, 32), generator=g) for _ in range(n)]
+
+
+def _stored_bits(model) -> float:
+    """Bits per weight the model's QuantLinear layers hold (biases excluded), counted from
+    the layers themselves."""
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    stored = sum(m.weight_bytes() - (m.bias.numel() * m.bias.element_size()
+                                     if m.bias is not None else 0) for m in layers)
+    return 8 * stored / sum(m.in_features * m.out_features for m in layers)
+
+
+@pytest.mark.slow
+def test_model_budget_with_gptq_is_respected_recorded_and_reloads(tmp_path, capsys):
+    model = tiny_llama()
+    cands = ("int2", "int4", "int8")
+    report = lowvm.quantize_model(model, bits=3.5, calibration=_calibration(), group_size=64,
+                                  candidates=cands, progress=True)
+    printed = capsys.readouterr().out
+    plan = report.plan
+    assert report.method == "gptq" and plan is not None and report.layers_replaced == 14
+    assert "bits/weight" in printed and "model.layers.1.mlp.down_proj" in printed
+    assert _stored_bits(model) <= 3.5 and _stored_bits(model) == pytest.approx(
+        plan.bits_per_weight)
+    assert len({r.dtype for r in plan.rows}) > 1  # 3.5 bits cannot be one of these types
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert {n: m.wtype.name for n, m in layers.items()} == plan.dtypes()
+    assert set(plan.options) == set(layers) and all(
+        set(o) == set(cands) for o in plan.options.values())
+    config = model.config.quantization_config
+    assert config.dtype == plan.dtypes()
+    assert {n: e["dtype"] for n, e in config.modules.items()} == plan.dtypes()
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert saved["dtype"] == plan.dtypes()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, layer in layers.items():
+        other = loaded.get_submodule(name)
+        assert other.wtype == layer.wtype
+        assert all(torch.equal(v, other.state_dict()[k]) for k, v in layer.state_dict().items())
+    # the measured errors, re-planned: a looser budget never costs error
+    weights = {n: m.in_features * m.out_features for n, m in layers.items()}
+    errors = [solve_budget(plan.options, weights, b).total_error for b in (2.5, 3, 3.5, 5, 9)]
+    assert errors == sorted(errors, reverse=True) and errors[2] == pytest.approx(
+        plan.total_error)
+
+
+@pytest.mark.slow
+def test_model_budget_with_round_to_nearest_spends_more_bits_for_less_error():
+    results = {}
+    for bits in (3.0, 5.0):
+        model = tiny_llama()
+        report = lowvm.quantize_model(model, bits=bits, calibration=_calibration(1),
+                                      group_size=64, method="rtn", progress=False)
+        assert report.method == "rtn" and not report.errors
+        assert _stored_bits(model) <= bits
+        results[bits] = report.plan
+    assert results[5.0].total_error < results[3.0].total_error
+    assert results[5.0].bits_per_weight > results[3.0].bits_per_weight
+
+
+def test_budget_argument_errors_change_nothing():
+    model = tiny_llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cal = _calibration(1)
+    cases = [
+        ({"bits": 3.5, "dtype": "int4", "calibration": cal}, "dtype='int4' and bits=3.5 both"),
+        ({"bits": 3.5}, "bits=3.5 needs calibration"),
+        ({"bits": 0, "calibration": cal}, "bits must be a positive number.*got 0"),
+        ({"bits": float("nan"), "calibration": cal}, "bits must be a positive number"),
+        ({"bits": True, "calibration": cal}, "bits must be a positive number.*got True"),
+        ({"bits": "3.5", "calibration": cal}, "bits must be a positive number.*'3.5'"),
+        ({"bits": 4, "calibration": cal, "candidates": ()}, "candidates is empty"),
+        ({"bits": 4, "calibration": cal, "candidates": "int4"}, "candidates must be a sequence"),
+        ({"bits": 4, "calibration": cal, "candidates": ("int4", "int4")}, "name a type twice"),
+        ({"bits": 4, "calibration": cal, "candidates": ("int4", "int12")}, "int12"),
+        ({"bits": 4, "calibration": cal, "group_size": 96}, "group_size=96"),
+        ({"bits": 4, "calibration": [], "group_size": 64}, "calibration is empty"),
+        ({"bits": 1.5, "calibration": cal, "group_size": 64}, "below the smallest plan"),
+        ({"bits": 4, "calibration": cal, "method": "rtn", "act_order": True},
+         "act_order=True needs method='gptq'"),
+    ]
+    for kwargs, needle in cases:
+        with pytest.raises((QuantizationError, lowvm.DTypeError), match=needle):
+            lowvm.quantize_model(model, progress=False, **kwargs)
+    assert not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert getattr(model.config, "quantization_config", None) is None
