@@ -345,6 +345,16 @@ class _Solver:
 
     def _view(self, inst: View) -> bool:
         src, out = inst.src, inst.out
+        if src in self.layout and out in self.layout:
+            # an inferred side must keep each thread's bits in the natural order (the
+            # meaning of a view without a layout), not merely their count
+            if self.origin[src].why == "annotated" and self.origin[out].why == "annotated":
+                return False
+            lay = view_layout(self.layout[src], src.dtype.nbits, out.dtype.nbits, out.shape)
+            if lay is not None and lay != self.layout[out]:
+                raise self.conflict(out, inst, lay, f"the bits each thread holds of "
+                                                    f"%{src.name}")
+            return False
         if src in self.layout and out not in self.layout:
             lay = view_layout(self.layout[src], src.dtype.nbits, out.dtype.nbits, out.shape)
             why = f"the bits each thread holds of %{src.name}"
@@ -456,11 +466,14 @@ class _Solver:
         """The layout of every unknown tile (or a ProgramError)."""
         self.propagate(seed=False)
         self.propagate(seed=True)
+        viewed = {inst.src for inst in self.insts if isinstance(inst, View)}
         while True:
             open_ = [t for t in self.unknown if t not in self.layout and self.is_source(t)]
             if not open_:
                 break
-            tile = max(open_, key=lambda t: math.prod(t.shape))  # first of the largest
+            # first the tiles views read (their layout decides what the view means, and
+            # whether one exists), then the largest
+            tile = max(open_, key=lambda t: (t in viewed, math.prod(t.shape)))
             layout = default_layout(tile.shape, tile.dtype, self.threads, self.granule(tile))
             self.demand(tile, layout, self.definer[tile],
                         "default: contiguous runs of up to 16 bytes per thread")

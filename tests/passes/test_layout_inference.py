@@ -478,3 +478,28 @@ def test_documented_program_without_layouts_runs():
     exec(compile(code, str(readme), "exec"), namespace)  # asserts inside the example
     program = namespace["matmul"].build()
     assert all(t.layout is not None for t in _register_tiles(program))
+
+
+@pytest.mark.parametrize("wtype", ["int3", "uint6", "int4"])
+def test_viewed_load_keeps_its_natural_meaning_beside_an_accumulator(wtype):
+    """The packed bytes a view reads get their layout before an accumulator's default
+    (which would force a view that keeps only the bit count: int3 values in another
+    order, or no whole values per thread for uint6)."""
+    dt = lowvm.dtype(wtype)
+    rows, cols = (16, 64) if wtype == "int3" else (4, 32)
+    nbytes = cols * dt.nbits // 8
+
+    @vm.program(warps=4 if wtype == "int3" else 2)
+    def running_max(x: vm.ptr[vm.uint8], y: vm.ptr[vm.float32]):
+        vm.set_grid(1)
+        gx, gy = vm.global_view(x, [rows, nbytes]), vm.global_view(y, [rows, cols])
+        acc = vm.register_tensor(vm.float32, [rows, cols], init=-100.0)
+        values = vm.view(vm.load_global(gx, [0, 0], [rows, nbytes]), dt)
+        vm.maximum(acc, vm.cast(values, vm.float32), out=acc)
+        vm.store_global(gy, acc, [0, 0])
+
+    codes = np.random.default_rng(1).integers(0, 2**dt.nbits, (rows, cols)).astype(np.uint8)
+    x = np.stack([lowvm.dtypes.pack(r, dt) for r in codes])
+    y = np.zeros((rows, cols), np.float32)
+    lowvm.interpret(running_max, x, y)
+    assert np.array_equal(y, lowvm.dtypes.decode(codes, dt))
