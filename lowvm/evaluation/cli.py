@@ -32,7 +32,6 @@ from lowvm.evaluation.variants import DEFAULT_VARIANTS, parse_variants
 __all__ = ["build_parser", "run", "format_table", "main"]
 
 CALIBRATION_SEED = 1234  # calibration windows are drawn apart from the training stream
-CALIBRATION_BATCH = 8  # sequences per calibration batch
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out sequences scored (default: the config's; small 1024)")
     p.add_argument("--calibration-sequences", type=int, default=32,
                    help="training sequences given to GPTQ and bit budgets")
-    p.add_argument("--eval-batch", type=int, default=16, help="sequences per scoring batch")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="sequences per forward when scoring, calibrating and probing layers")
     return p
 
 
@@ -77,7 +77,7 @@ def _check_options(opts: argparse.Namespace) -> None:
         if value is not None and not value > 0:
             raise EvaluationError(f"--{name.replace('_', '-')} {value}: accepted: a positive "
                                   "number")
-    for name in ("calibration_sequences", "eval_batch", "group_size"):
+    for name in ("calibration_sequences", "batch_size", "group_size"):
         if getattr(opts, name) < 1:
             raise EvaluationError(f"--{name.replace('_', '-')} {getattr(opts, name)}: "
                                   "accepted: a positive int")
@@ -102,21 +102,26 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
                     seed=opts.seed, log=_say)
     dense = trained.model
     n_params = sum(p.numel() for p in dense.parameters())
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else platform.processor() or "cpu")
     model_info: dict[str, Any] = {
         "config": opts.config, **r.to_dict(), "parameters": n_params, "seed": opts.seed,
-        **trained.describe(), "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda" else platform.processor() or "cpu",
-        "heldout_sequences": heldout.shape[0], "corpus": {**info, "python":
-                                                          platform.python_version()}}
+        **trained.describe(), "device": where, "heldout_sequences": heldout.shape[0],
+        "corpus": {**info, "python": platform.python_version()}}
+    settings = {"variants": [v.key for v in variants], "group_size": opts.group_size,
+                "calibration_sequences": opts.calibration_sequences,
+                "batch_size": opts.batch_size, "max_bytes": opts.max_bytes,
+                "train_seconds": seconds, "max_steps": opts.max_steps}
     _say(f"trained {trained.steps} steps in {trained.seconds:.1f} s, train loss "
          f"{trained.train_loss:.4f}; {n_params / 1e6:.1f} M parameters")
     generator = torch.Generator().manual_seed(CALIBRATION_SEED)
     calib = random_batch(corpus.train, r.seq_len, opts.calibration_sequences, generator)
     ref = Reference(recipe=r, device=device, dense=dense,
                     state_dict={k: v.detach().clone() for k, v in dense.state_dict().items()},
-                    heldout=heldout, calibration=list(calib.to(device).split(CALIBRATION_BATCH)),
-                    probe=heldout[:4].to(device), eval_batch=opts.eval_batch)
-    result: dict[str, Any] = {"ok": False, "finished": False, "model": model_info, "rows": []}
+                    heldout=heldout, calibration=list(calib.to(device).split(opts.batch_size)),
+                    probe=heldout[:opts.batch_size].to(device), batch_size=opts.batch_size)
+    result: dict[str, Any] = {"ok": False, "finished": False, "model": model_info,
+                              "settings": settings, "rows": []}
     fp16 = None
     for variant in variants:
         row = evaluate_variant(variant, ref, fp16)

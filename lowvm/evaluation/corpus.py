@@ -145,5 +145,5 @@ def random_batch(tokens: torch.Tensor, seq_len: int, batch_size: int,
         raise EvaluationError(f"{tokens.numel()} tokens are too few for seq_len={seq_len}; "
                               "accepted: a corpus longer than one sequence")
     starts = torch.randint(0, tokens.numel() - seq_len, (batch_size, 1), generator=generator)
-    index = (starts + torch.arange(seq_len)).to(tokens.device)
+    index = starts.to(tokens.device) + torch.arange(seq_len, device=tokens.device)
     return tokens[index].long()

@@ -61,7 +61,7 @@ def test_a_failing_variant_makes_the_run_not_ok_and_says_why(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("option", [["--variants", "int4-awq"], ["--train-seconds", "-1"],
-                                    ["--eval-batch", "0"]])
+                                    ["--batch-size", "0"]])
 def test_bad_options_are_refused_before_any_work(tmp_path, capsys, option):
     path = tmp_path / "result.json"
     assert main([*TINY, *option, "--json", str(path)]) == 2
