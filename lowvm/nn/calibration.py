@@ -183,19 +183,37 @@ def _capture(model: nn.Module, block: nn.Module, samples: list[dict[str, Any]],
         calls.append(_Call(tuple(args), dict(kwargs)))
         raise _Stop
 
+    _check_token_ids(model, samples, where)
     handle = block.register_forward_pre_hook(grab, with_kwargs=True)
     device = _model_device(model)
     try:
-        for sample in samples:
+        for i, sample in enumerate(samples):
             try:
                 _forward(model, sample, device)
             except _Stop:
                 continue
+            except (TypeError, ValueError, IndexError) as exc:  # the model refused the input
+                raise QuantizationError(f"{where}: the model's forward refused calibration "
+                                        f"item {i} ({type(exc).__name__}: {exc})") from exc
             raise QuantizationError(f"{where}: the model's forward never reached its first "
                                     "block; calibration needs a decoder that runs its blocks")
     finally:
         handle.remove()
     return calls
+
+
+def _check_token_ids(model: nn.Module, samples: list[dict[str, Any]], where: str) -> None:
+    """Token ids must index the input embeddings (on a GPU a bad id is a device assert)."""
+    embeddings = getattr(model, "get_input_embeddings", lambda: None)()
+    vocab = getattr(embeddings, "num_embeddings", None)
+    if not isinstance(vocab, int):
+        return
+    for i, sample in enumerate(samples):
+        ids = sample.get("input_ids")
+        if isinstance(ids, torch.Tensor) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise QuantizationError(
+                f"{where}: calibration item {i} holds token ids in [{int(ids.min())}, "
+                f"{int(ids.max())}]; the model's vocabulary takes ids in [0, {vocab - 1}]")
 
 
 def _hidden(output: Any) -> torch.Tensor:
@@ -244,11 +262,17 @@ def run_blocks(model: nn.Module, samples: list[dict[str, Any]], layers: Iterable
             if bar is not None:
                 bar.close()
             if outside:
-                device = _model_device(model)
-                _with_hessians(modules, outside, handle,
-                               lambda: [_forward(model, s, device) for s in samples])
+                _with_hessians(modules, outside, handle, lambda: _run_model(model, samples))
     finally:
         model.train(training)
+
+
+def _run_model(model: nn.Module, samples: list[dict[str, Any]]) -> list[Any]:
+    """The whole model on every sample, outputs dropped (only the hooks' sums are kept)."""
+    device = _model_device(model)
+    for sample in samples:
+        _forward(model, sample, device)
+    return []
 
 
 def _with_hessians(modules: dict[str, nn.Module], names: list[str], handle: Handler,
