@@ -15,10 +15,19 @@ Semantics (exact, by construction):
   ``float8_e4m3`` follows OCP/ml_dtypes ``float8_e4m3fn`` (no inf, ``S.1111.111`` is NaN,
   max 448) and ``float8_e5m2`` is IEEE-like (exponent 31: inf for mantissa 0, else NaN).
   Note that ml_dtypes' own ``float8_e3m4`` and ``float8_e4m3`` carry inf/NaN; ours do not.
-* Float encoding rounds to nearest, ties to even, saturates to +-max finite (also +-inf on
-  the two 8-bit types with NaN, as PTX ``cvt.rn.satfinite`` does) and keeps the sign of
-  zero. NaN encodes to the canonical code 0x7F where the type has NaN; a finite-only type
-  rejects NaN and inf with :class:`~lowvm.errors.DTypeError`.
+
+Conversion from wider values rounds to nearest, ties to even, keeps the sign of zero, and
+then follows one rule per kind of type (:func:`encode`, :func:`round_to`):
+
+* types with an inf code (``float8_e5m2``, ``float16``, ``bfloat16``, ``float32``) are IEEE:
+  a magnitude of at least the largest finite value plus half its ulp, and inf itself,
+  become inf; NaN stays NaN (``float8_e5m2``: ``S.11111.10``, the sign kept, as ml_dtypes);
+* types without one (every other small float) saturate: overflow and +-inf become the
+  largest finite magnitude, as PTX ``cvt.rn.satfinite`` does. ``float8_e4m3`` maps NaN to
+  ``S.1111.111`` (the sign kept, as ml_dtypes); a type without a NaN code refuses NaN
+  with :class:`~lowvm.errors.DTypeError`. One difference from ml_dtypes: its
+  ``float8_e4m3fn`` turns overflow and inf into NaN (its fp6/fp4 types saturate, as ours);
+* integers round half to even and clamp; NaN and inf are refused.
 """
 
 from __future__ import annotations
@@ -121,7 +130,7 @@ class DType:
 
     @property
     def max_value(self) -> float:
-        """Largest finite value: the saturation bound of encode."""
+        """Largest finite value: where conversion to a type without inf saturates."""
         if self.kind == "int":
             return float(2 ** (self.nbits - 1) - 1)
         if self.kind == "uint":
@@ -289,6 +298,16 @@ def _require_finite(x: np.ndarray, d: DType, where: str) -> None:
         )
 
 
+def _require_number(x: np.ndarray, d: DType, where: str) -> None:
+    """Refuse NaN for a float type without a NaN code (+-inf saturate there)."""
+    bad = np.isnan(x)
+    if bad.any():
+        raise DTypeError(
+            f"{where}: {int(bad.sum())} NaN value(s) cannot be represented in {d.name} (it has "
+            "no NaN code; +-inf and overflow saturate to its largest magnitude); first: nan"
+        )
+
+
 def _as_codes(codes: Any, d: DType, where: str) -> np.ndarray:
     """Validate codes (integers in [0, 2**nbits)) and return them as an intp array."""
     if hasattr(codes, "detach"):
@@ -349,26 +368,44 @@ def _float_grid(d: DType) -> tuple[np.ndarray, np.ndarray]:
     return values, mids
 
 
+def _special_codes(d: DType) -> tuple[int | None, int | None]:
+    """(inf code, NaN code) of a small float's positive half, None where it has none: the
+    codes ml_dtypes gives inf and a quiet NaN."""
+    e, m = d.exponent_bits, d.mantissa_bits
+    assert e is not None and m is not None
+    if d.has_inf:
+        top = (2**e - 1) << m
+        return top, top | 1 << (m - 1)
+    return None, (2 ** (e + m) - 1 if d.has_nan else None)
+
+
 def _encode_float(x: np.ndarray, d: DType) -> np.ndarray:
-    if not d.has_nan:
-        _require_finite(x, d, "encode")
-    _, mids = _float_grid(d)
+    inf_code, nan_code = _special_codes(d)
+    if nan_code is None:
+        _require_number(x, d, "encode")
+    values, mids = _float_grid(d)
     mag = np.abs(x)
-    idx = np.searchsorted(mids, mag, side="left")  # nearest code; a tie gives the lower one
-    at_mid = mids[np.minimum(idx, len(mids) - 1)] == mag
-    idx = idx + (at_mid & (idx % 2 == 1))  # tie: move to the even (mantissa LSB 0) code
-    # Above max the search ends at the last finite code: saturation (inf included).
-    code = idx | (np.signbit(x).astype(np.intp) << (d.nbits - 1))
-    if d.has_nan:
-        code = np.where(np.isnan(x), 0x7F, code)
-    return code
+    with np.errstate(invalid="ignore"):  # NaN is placed below
+        idx = np.searchsorted(mids, mag, side="left")  # nearest code; a tie gives the lower one
+        at_mid = mids[np.minimum(idx, len(mids) - 1)] == mag
+        idx = idx + (at_mid & (idx % 2 == 1))  # tie: move to the even (mantissa LSB 0) code
+        # Above max the search ends at the last finite code: saturation (inf included).
+        if inf_code is not None:
+            # IEEE: from max + half an ulp on (the tie too: max's mantissa is odd) it is inf
+            overflow = mag >= values[-1] + (values[-1] - values[-2]) / 2
+            idx = np.where(overflow, inf_code, idx)
+    if nan_code is not None:
+        idx = np.where(np.isnan(x), nan_code, idx)
+    return idx | (np.signbit(x).astype(np.intp) << (d.nbits - 1))
 
 
 def encode(values: Any, dt: str | DType | Any) -> np.ndarray:
     """Round values to a 1..8-bit type and return their codes (uint8, same shape).
 
-    Floats: round to nearest even, saturate to +-max finite, keep the sign of zero.
-    Ints: round half to even, clamp. NaN/inf into types without them raise DTypeError.
+    Floats: round to nearest even, keep the sign of zero; ``float8_e5m2`` overflows to
+    inf, the types without inf saturate to +-max finite (see the module doc). Ints: round
+    half to even, clamp. NaN into a type without a NaN code, and NaN or inf into an
+    integer type, raise DTypeError.
     """
     d = _small(dt, "encode")
     x = _as_float64(values, "encode")
@@ -440,7 +477,7 @@ def _round_binary(x: np.ndarray, mantissa_bits: int, min_exp: int, max_value: fl
 def round_to(values: Any, dt: str | DType | Any) -> np.ndarray:
     """Nearest value of type ``dt`` to each value, as float64: per-op rounding for the VM.
 
-    1..8-bit types follow :func:`encode` (saturating); float16/bfloat16/float32 are IEEE
+    1..8-bit types follow :func:`encode`; float16/bfloat16/float32 are IEEE
     round-to-nearest-even with overflow to inf; int32 rounds half to even and clamps.
     """
     d = dtype(dt)

@@ -312,9 +312,10 @@ def test_encode_decode_round_trip(d: DType) -> None:
     want = codes.copy()
     sign = 1 << (d.nbits - 1)
     values = np.array([ref_value(d, int(c)) for c in codes])
-    want[np.isnan(values)] = 0x7F  # canonical NaN
-    want[np.isinf(values)] = max_code(d) | np.where(values[np.isinf(values)] < 0, sign, 0)
-    np.testing.assert_array_equal(encode(decode(codes, d), d), want)
+    nan = np.isnan(values)  # every NaN code becomes the quiet NaN of its sign (ml_dtypes')
+    quiet = 0x7E if d == D.float8_e5m2 else 0x7F
+    want[nan] = quiet | (codes[nan] & sign)
+    np.testing.assert_array_equal(encode(decode(codes, d), d), want)  # inf codes stay inf
     assert encode(0.0, d) == 0 and encode(-0.0, d) == sign  # the sign of zero is kept
 
 
@@ -335,18 +336,79 @@ def test_encode_midpoints_and_neighbours(d: DType) -> None:
 
 
 @pytest.mark.parametrize("d", SMALL_FLOATS, ids=IDS)
-def test_encode_saturates(d: DType) -> None:
+def test_overflow_saturates_without_an_inf_code_and_is_inf_with_one(d: DType) -> None:
     top = max_code(d)
     sign = 1 << (d.nbits - 1)
     assert decode(top, d) == d.max_value
-    np.testing.assert_array_equal(encode([2 * d.max_value, -2 * d.max_value], d), [top, top | sign])
-    np.testing.assert_array_equal(encode([1e300, -1e300], d), [top, top | sign])
-    if d.has_nan:  # e4m3 / e5m2: inf saturates (cvt.rn.satfinite), NaN is canonical
-        np.testing.assert_array_equal(encode([np.inf, -np.inf, np.nan, -np.nan], d),
-                                      [top, top | sign, 0x7F, 0x7F])
+    big = [2 * d.max_value, -2 * d.max_value, 1e300, -1e300, np.inf, -np.inf]
+    if d.has_inf:  # e5m2: IEEE, overflow and inf are inf
+        inf = top + 1
+        np.testing.assert_array_equal(encode(big, d), [inf, inf | sign] * 3)
+        np.testing.assert_array_equal(decode(inf, d), np.inf)
+    else:  # no inf code: saturation, inf included
+        np.testing.assert_array_equal(encode(big, d), [top, top | sign] * 3)
+
+
+@pytest.mark.parametrize("d", SMALL_FLOATS, ids=IDS)
+def test_nan_keeps_its_sign_or_is_refused(d: DType) -> None:
+    sign = 1 << (d.nbits - 1)
+    if d.has_nan:
+        quiet = 0x7E if d.has_inf else 0x7F  # S.11111.10 and S.1111.111, as ml_dtypes
+        np.testing.assert_array_equal(encode([np.nan, -np.nan], d), [quiet, quiet | sign])
+        assert np.isnan(decode(quiet, d)) and np.isnan(decode(quiet | sign, d))
     else:
-        with pytest.raises(DTypeError, match="inf"):
-            encode([1.0, np.inf], d)
+        with pytest.raises(DTypeError, match=rf"1 NaN value\(s\) cannot be represented in "
+                                             rf"{d.name} \(it has no NaN code"):
+            encode([1.0, np.inf, np.nan], d)
+
+
+def special_candidates(d: DType, rng: np.random.Generator) -> np.ndarray:
+    """float32 inputs beyond ``d``'s range: the IEEE overflow threshold (max + half an
+    ulp) and its neighbours, larger values up to float32's max, +-inf and NaN."""
+    grid = positive_grid(d)
+    top = grid[-1] + (grid[-1] - grid[-2]) / 2
+    edge = np.float32([top, np.nextafter(np.float32(top), np.float32(0)),
+                       np.nextafter(np.float32(top), np.float32(np.inf)), 2 * grid[-1],
+                       np.finfo(np.float32).max, np.inf, np.nan])
+    far = np.exp2(rng.uniform(np.log2(grid[-1]), 127, 500)).astype(np.float32)
+    xs = np.concatenate([edge, far])
+    return np.concatenate([xs, -xs])
+
+
+@pytest.mark.parametrize("d", list(ML_TYPES), ids=IDS)
+def test_specials_and_overflow_against_ml_dtypes(d: DType) -> None:
+    """Every input ml_dtypes converts, compared code for code, with the one documented
+    difference: float8_e4m3fn overflow and inf saturate here (PTX cvt.rn.satfinite) where
+    ml_dtypes gives NaN; and NaN into a type without a NaN code is refused here."""
+    rng = np.random.default_rng(d.nbits * 7 + d.exponent_bits)  # type: ignore[operator]
+    xs = np.concatenate([special_candidates(d, rng), ml_candidates(d, rng)])
+    mask = 2**d.nbits - 1
+    if not d.has_nan:
+        refused = np.isnan(xs)
+        with pytest.raises(DTypeError):
+            encode(xs, d)
+        xs = xs[~refused]
+    reference = xs
+    if d == D.float8_e4m3:  # the documented difference: ml_dtypes overflows to NaN
+        with np.errstate(over="ignore"):
+            assert np.isnan(np.float32([np.inf, 2 * d.max_value]).astype(ML_TYPES[d])
+                            .astype(np.float32)).all()
+        reference = np.clip(xs, -d.max_value, d.max_value)  # NaN stays NaN
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = reference.astype(ML_TYPES[d]).view(np.uint8) & mask
+    got = encode(xs, d)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"first mismatch at x={xs[bad[0]]!r}: {got[bad[0]]} vs {want[bad[0]]}"
+
+
+def test_the_documented_examples() -> None:
+    """README/docs: IEEE-like types keep inf for inf and overflow, the others saturate."""
+    assert round_to(np.array([1e6]), "float16")[0] == np.inf
+    assert round_to(np.array([1e39]), "bfloat16")[0] == np.inf
+    assert decode(encode(np.inf, "e5m2"), "e5m2") == np.inf
+    assert decode(encode(1e6, "e5m2"), "e5m2") == np.inf
+    assert decode(encode(np.inf, "e4m3"), "e4m3") == 448.0
+    assert decode(encode(-1e6, "e2m1"), "e2m1") == -6.0
 
 
 def test_encode_inputs_and_shapes() -> None:
@@ -455,9 +517,11 @@ def test_unpack_errors() -> None:
 
 
 def test_value_errors_name_the_value() -> None:
-    with pytest.raises(DTypeError, match=r"2 non-finite.*first: inf") as info:
+    with pytest.raises(DTypeError, match=r"1 NaN value.*float6_e3m2.*first: nan") as info:
         encode([1.0, np.inf, np.nan], D.float6_e3m2)
     assert isinstance(info.value, LowvmError)
+    with pytest.raises(DTypeError, match=r"2 non-finite.*int4.*first: inf"):
+        encode([1.0, np.inf, np.nan], D.int4)
     with pytest.raises(DTypeError, match="first: nan"):
         encode([np.nan], D.int4)
     with pytest.raises(DTypeError, match="code 8 "):

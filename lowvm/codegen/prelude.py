@@ -4,7 +4,10 @@ Register tiles of types narrower than a byte (and the 8-bit small floats) live i
 ``lowvm_u32`` words as the same dense little-endian bit stream the interpreter uses, so
 a ``view`` is a plain copy of bytes. The encode/decode helpers are the device twins of
 :func:`lowvm.dtypes.encode`/``decode``: round to nearest even with ``rintf`` on exactly
-scaled values, saturate to the largest finite value, keep the sign of zero.
+scaled values, keep the sign of zero; overflow and inf saturate to the largest finite
+value, except in the IEEE-like e5m2, where they are inf; NaN becomes the type's NaN code
+with its sign (e4m3 ``S.1111.111``, e5m2 ``S.11111.10``), or +-0 in a type without one
+(where the interpreter stops with an error instead).
 """
 
 from __future__ import annotations
@@ -78,11 +81,19 @@ __device__ __forceinline__ lowvm_u32 lowvm_encode_float(float x) {
   const lowvm_u32 max_code = KIND == 0 ? (1u << (E + M)) - 1u
                           : KIND == 1 ? (1u << (E + M)) - 2u
                                       : ((((1u << E) - 2u) << M) | ((1u << M) - 1u));
+  const lowvm_u32 inf_code = ((1u << E) - 1u) << M;               // KIND 2 only
   lowvm_u32 sign = (__float_as_uint(x) >> 31) << (E + M);
   float a = fabsf(x);
-  if (a != a) return KIND == 0 ? sign : (0x7fu << (E + M - 7));  // NaN
+  if (a != a) return KIND == 0 ? sign                               // NaN: no code
+                    : sign | (KIND == 1 ? max_code + 1u : inf_code | (1u << (M - 1)));
   const float max_value = lowvm_decode_float<E, M, KIND>(max_code);
-  if (a >= max_value) return sign | max_code;                     // saturate (and inf)
+  if (a >= max_value) {
+    // IEEE-like: from max + half an ulp on (the tie too: max's mantissa is odd), inf
+    if (KIND == 2 && a >= ldexpf((float)((4u << M) - 1u), (1 << E) - 3 - bias - M)) {
+      return sign | inf_code;
+    }
+    return sign | max_code;                                         // saturate (and inf)
+  }
   if (a < ldexpf(1.0f, 1 - bias)) {                               // subnormal range
     lowvm_u32 m = (lowvm_u32)rintf(ldexpf(a, M - 1 + bias));
     return sign | m;                                              // m == 2^M is the min normal

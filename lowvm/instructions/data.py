@@ -2,8 +2,9 @@
 
 ``view`` is how packed low-bit weights become values: each thread's registers are a bit
 string (local 0 in the lowest bits, as on the GPU), read again as another type and
-layout. ``cast`` converts values exactly per :mod:`lowvm.dtypes` (round to nearest even,
-saturate; float to integer rounds to nearest even too).
+layout. ``cast`` converts values exactly per :mod:`lowvm.dtypes` (round to nearest even;
+overflow is inf in types with inf and saturates in the others; float to integer rounds
+to nearest even and clamps).
 """
 
 from __future__ import annotations

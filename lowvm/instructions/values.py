@@ -28,7 +28,7 @@ def zeros(shape: tuple[int, ...], dt: DType) -> np.ndarray:
 
 
 def quantize(values: np.ndarray, dt: DType, saturate: bool = True) -> np.ndarray:
-    """``values`` rounded to ``dt`` (nearest even, saturating), in storage form.
+    """``values`` rounded to ``dt`` by :func:`lowvm.dtypes.round_to`, in storage form.
 
     With ``saturate=False`` integer results are rounded but not clamped, so that
     :meth:`~lowvm.interpreter.state.BlockState.set` can report the ones that overflow.
