@@ -14,6 +14,7 @@ happened to build (and cache) the program first. :func:`program_location` finds 
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import sys
@@ -63,32 +64,42 @@ def _torch_root() -> str | None:
 
 def is_user_file(filename: str) -> bool:
     """Whether a frame of ``filename`` is the user's: not lowvm, torch or the stdlib."""
+    return _is_user_file(filename, _torch_root())
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_user_file(filename: str, torch_dir: str | None) -> bool:
+    # cached: tracing asks for every frame of every instruction, and files are few
     if filename.startswith("<"):  # <stdin>, <string>, notebooks; not <frozen importlib...>
         return not filename.startswith("<frozen ")
     path = os.path.abspath(filename)
     if _under(path, _LOWVM_DIR):
         return False
-    torch_dir = _torch_root()
     if torch_dir is not None and _under(path, torch_dir):
         return False
     return not any(_under(path, root) and not any(s in path[len(root):] for s in _SITE)
                    for root in _STDLIB)
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_language_file(filename: str) -> bool:
     path = os.path.abspath(filename)
     return any(_under(path, part) for part in _LANGUAGE)
 
 
+@functools.lru_cache(maxsize=4096)
+def _display_name(filename: str, cwd: str) -> str:
+    """``filename`` relative to ``cwd``; lowvm's own files by their package path,
+    wherever the caller runs from."""
+    if filename.startswith("<"):
+        return filename
+    path = os.path.abspath(filename)
+    return os.path.relpath(path, _LOWVM_PARENT if _under(path, _LOWVM_DIR) else cwd)
+
+
 def _location(filename: str, lineno: int) -> SourceLoc:
     code = linecache.getline(filename, lineno)
-    if filename.startswith("<"):
-        name = filename
-    else:
-        path = os.path.abspath(filename)
-        # lowvm's own files by their package path, wherever the caller runs from
-        name = os.path.relpath(path, _LOWVM_PARENT if _under(path, _LOWVM_DIR) else None)
-    return SourceLoc(name, lineno, code.strip())
+    return SourceLoc(_display_name(filename, os.getcwd()), lineno, code.strip())
 
 
 def _frames(frame: FrameType | None) -> Iterator[tuple[CodeType, int]]:
