@@ -455,10 +455,27 @@ class _Solver:
     def granule(self, tile: RegisterTensor) -> int:
         """Elements a default run of ``tile`` must be a multiple of, for the views that
         read it to keep whole values in each thread (3 bytes for 3-bit values)."""
+        # the tiles that share ``tile``'s layout: casts, assignments and elementwise
+        # results of its shape (a view of any of them needs the same whole values)
+        same = {tile}
+        grew = True
+        while grew:
+            grew = False
+            for inst in self.insts:
+                if isinstance(inst, (Cast, Assign)) and not getattr(inst, "relayout", False):
+                    linked = inst.src in same
+                elif isinstance(inst, Elementwise):
+                    linked = any(isinstance(a, RegisterTensor) and a in same
+                                 and a.shape == inst.out.shape for a in inst.args)
+                else:
+                    continue
+                if linked and inst.out not in same:
+                    same.add(inst.out)
+                    grew = True
         granule = 1
         for inst in self.insts:
-            if isinstance(inst, View) and inst.src is tile:
-                src_bits, dst_bits = tile.dtype.nbits, inst.out.dtype.nbits
+            if isinstance(inst, View) and inst.src in same:
+                src_bits, dst_bits = inst.src.dtype.nbits, inst.out.dtype.nbits
                 granule = math.lcm(granule, dst_bits // math.gcd(src_bits, dst_bits))
         return granule
 
@@ -472,8 +489,10 @@ class _Solver:
             if not open_:
                 break
             # first the tiles views read (their layout decides what the view means, and
-            # whether one exists), then the largest
-            tile = max(open_, key=lambda t: (t in viewed, math.prod(t.shape)))
+            # whether one exists), the most constrained (widest granule) first; then the
+            # largest
+            tile = max(open_, key=lambda t: (self.granule(t), t in viewed,
+                                             math.prod(t.shape)))
             layout = default_layout(tile.shape, tile.dtype, self.threads, self.granule(tile))
             self.demand(tile, layout, self.definer[tile],
                         "default: contiguous runs of up to 16 bytes per thread")
