@@ -102,6 +102,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "compared bit-exactly",
              command=("{python}", "-m", "lowvm.fuzz", "--device", "cuda", "--programs", "3000",
                       "--json", "{out}/result.json")),
+    Scenario("load-memory", "json",
+             "peak CPU and GPU memory of loading a 1.2 GB float16 checkpoint, plain and "
+             "quantized to int4 while loading",
+             command=("{python}", "-m", "lowvm.bench.load_memory", "--device", "cpu,cuda",
+                      "--json", "{out}/result.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
              command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-n", "8", "-p",
                       "no:cacheprovider", "--junitxml", "{out}/junit.xml", "tests")),

@@ -14,7 +14,7 @@ def test_the_required_scenarios_exist_with_their_kinds():
     kinds = {name: sc.kind for name, sc in SCENARIOS.items()}
     assert kinds == {"gemm-decode": "gemm", "gemm-prefill": "gemm", "types": "gemm",
                      "schedules": "schedules", "serving-loop": "serving",
-                     "quality": "json", "fuzz": "json",
+                     "quality": "json", "fuzz": "json", "load-memory": "json",
                      "gpu-suite": "pytest", "sanitizers": "sanitizers"}
 
 

@@ -184,3 +184,48 @@ def test_types_beyond_float16_take_the_reference_path_with_f16_activations():
     ref = x.double() @ layer.dequantize(torch.float64).t() + layer.bias.double()
     assert torch.isfinite(y).all()
     assert ((y.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+@pytest.mark.parametrize("fmt,kw", [("gptq", {"bits": 4, "act_order": True}),
+                                    ("awq", {}),
+                                    ("compressed-tensors", {"bits": 8, "sym": True})])
+def test_hub_checkpoint_loads_on_cuda_and_generates_under_cuda_graphs(tmp_path, fmt, kw):
+    """A Hub-layout checkpoint loads straight onto the GPU's kernels; greedy decoding in
+    CUDA graphs gives the tokens of the float64 model of the same weights."""
+    from lowvm.serving.decode_loop import DecodeLoop
+    from tests.helpers.hub_checkpoints import reference_model, write_hub_checkpoint
+
+    written = write_hub_checkpoint(tmp_path / "hub", fmt, **kw)
+    model = lowvm.from_pretrained(written.path, device_map="cuda")
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == len(written.references)
+    assert all(m.qweight.is_cuda for m in layers)
+    ids = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0)).cuda()
+    loop = DecodeLoop(model, ids, 12)
+    loop.capture()
+    assert loop.graph is not None
+    got = loop(12).cpu()
+    ref = reference_model(written)
+    with torch.no_grad():  # the float64 model's choice after each prefix lowvm generated
+        want = ref(torch.cat([ids.cpu(), got], dim=1)).logits[:, 7:-1].argmax(-1)
+    agree = (got == want).float().mean().item()
+    assert agree >= 0.9, (got, want)  # fp16 rounding may flip a near tie
+
+
+def test_quantize_on_load_to_cuda_peaks_below_the_dense_model(tmp_path):
+    """device_map="cuda": each weight is quantized on the GPU as it arrives."""
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama().save_pretrained(tmp_path)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    model = AutoModelForCausalLM.from_pretrained(
+        tmp_path, device_map="cuda",
+        quantization_config=lowvm.LowvmConfig(dtype="int4", group_size=64))
+    held = torch.cuda.memory_allocated() - start
+    peak = torch.cuda.max_memory_allocated() - start
+    layers = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    assert layers and all(m.qweight.is_cuda for m in layers)
+    dense_layer = max(m.in_features * m.out_features * 2 for m in layers)
+    assert peak <= held + 2 * dense_layer + 2**20
