@@ -503,3 +503,21 @@ def test_viewed_load_keeps_its_natural_meaning_beside_an_accumulator(wtype):
     y = np.zeros((rows, cols), np.float32)
     lowvm.interpret(running_max, x, y)
     assert np.array_equal(y, lowvm.dtypes.decode(codes, dt))
+
+
+def test_default_runs_hold_whole_values_for_a_view_after_a_cast():
+    """An int32 tile of one value per thread by default, cast to uint4 and stored as
+    bytes: its default runs must hold whole bytes of the view two instructions later."""
+
+    @vm.program(warps=1)
+    def narrow(x: vm.ptr[vm.int32], y: vm.ptr[vm.uint8]):
+        vm.set_grid(1)
+        values = vm.load_global(vm.global_view(x, [1, 32]), [0, 0], [1, 32])
+        packed = vm.view(vm.cast(values, vm.uint4), vm.uint8)
+        vm.store_global(vm.global_view(y, [1, 16]), packed, [0, 0])
+
+    x = np.random.default_rng(2).integers(-3, 20, (1, 32)).astype(np.int32)
+    y = np.zeros((1, 16), np.uint8)
+    lowvm.interpret(narrow, x, y)
+    codes = lowvm.dtypes.encode(x, lowvm.uint4)
+    assert np.array_equal(y[0], lowvm.dtypes.pack(codes, lowvm.uint4))
