@@ -58,7 +58,8 @@ def _sync(device: torch.device) -> None:
 def evaluate_variant(variant: Variant, ref: Reference, fp16_perplexity: float | None
                      ) -> dict[str, Any]:
     """The row of ``variant``: type(s), method, stored bits per weight, held-out perplexity
-    and its relative increase over float16's, per-layer errors and top-1 agreement."""
+    and its relative increase over ``fp16_perplexity``, per-layer errors and top-1
+    agreement."""
     row: dict[str, Any] = {"variant": variant.label, "key": variant.key,
                            "dtype": variant.dtype or ("float16" if variant.bits is None
                                                       else None),
@@ -90,8 +91,11 @@ def evaluate_variant(variant: Variant, ref: Reference, fp16_perplexity: float | 
             raise FloatingPointError(f"the held-out NLL is {score.nll} (non-finite logits)")
         row.update(perplexity=score.perplexity, bits_per_byte=score.bits_per_byte,
                    heldout_tokens=score.tokens)
-        row["increase_vs_fp16"] = (score.perplexity / fp16_perplexity - 1.0
-                                   if fp16_perplexity else 0.0)
+        if variant.key == "fp16":
+            row["increase_vs_fp16"] = 0.0
+        else:  # None where float16 itself could not be scored
+            row["increase_vs_fp16"] = (score.perplexity / fp16_perplexity - 1.0
+                                       if fp16_perplexity else None)
         if report is not None:
             row.update(layer_errors(ref.dense, model, ref.probe))
             row["top1_agreement"] = logit_errors(ref.dense, model, ref.probe)["top1_agreement"]
