@@ -71,9 +71,11 @@ def _device_table(wtype: DType, which: str, device: Any) -> Any:
 
 
 def _encode_float(scaled: Any, wtype: DType) -> Any:
-    """Codes of a small float type in torch, on ``scaled``'s device: the rule of
-    :func:`lowvm.dtypes.encode` (nearest, ties to the even code, saturation at the largest
-    finite value, the sign of zero kept), compared in float64 so every boundary is exact."""
+    """Codes of a small float type in torch, on ``scaled``'s device: the rounding of
+    :func:`lowvm.dtypes.encode` (nearest, ties to the even code, the sign of zero kept),
+    compared in float64 so every boundary is exact. Beyond the largest finite value it
+    saturates, also for float8_e5m2 (where ``encode`` overflows to inf): a clipped weight
+    must decode to the range's end, never to inf."""
     import torch
 
     bounds = _device_table(wtype, "mids", scaled.device)
