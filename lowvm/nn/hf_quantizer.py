@@ -22,7 +22,8 @@ After loading, the model's config records every layer (a lowvm checkpoint when s
 
 Only hooks present in transformers 5.17 to 5.24 are used:
 ``_process_model_before/after_weight_loading``, ``update_dtype``,
-``param_needs_quantization`` with ``get_quantize_ops``, ``_dequantize``,
+``param_needs_quantization`` with ``get_quantize_ops``, ``param_element_size``,
+``_dequantize``,
 ``is_serializable``.
 """
 
@@ -156,6 +157,16 @@ class LowvmHfQuantizer(HfQuantizer):
                                  ) -> bool:
         module, _, tensor = param_name.rpartition(".")
         return not self.pre_quantized and tensor == "weight" and module in self.plan
+
+    def param_element_size(self, model: nn.Module, param_name: str, param: torch.Tensor
+                           ) -> float:
+        """Bytes per weight once quantized (codes, scales, zero points): what transformers
+        reserves on the GPU before loading, instead of the dense size."""
+        module, _, tensor = param_name.rpartition(".")
+        spec = self.plan.get(module) if not self.pre_quantized else None
+        if spec is not None and tensor == "weight":
+            return spec.wtype.nbits / 8 + (2 + 2 * spec.zero_point) / spec.group_size
+        return param.element_size()
 
     def get_quantize_ops(self) -> QuantizeOnLoad:
         return QuantizeOnLoad(self)
