@@ -19,6 +19,7 @@ import collections
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -184,6 +185,15 @@ def run(cfg: FuzzConfig, log=print) -> dict[str, Any]:
     }
 
 
+def _gist(message: str) -> str:
+    """A failure's message without places and names: what tells two bugs apart."""
+    parts = [p for p in message.split(" | ") if not re.match(
+        r"(\w+Error: )?\S+:\d+(:|$)|in the program at", p)]
+    text = parts[0] if parts else message
+    text = re.sub(r"%\w+", "%t", re.sub(r"\([^)]*\)", "", text))
+    return re.sub(r"\d+", "N", text)[:80]
+
+
 def _rows(cfg: FuzzConfig, outcomes: list[Outcome], log) -> list[dict[str, Any]]:
     """One row per failing program; the first ``shrink_limit`` distinct failures (by
     stage and message start) shrunk, and saved when ``cfg.regressions`` is set."""
@@ -196,7 +206,7 @@ def _rows(cfg: FuzzConfig, outcomes: list[Outcome], log) -> list[dict[str, Any]]
         row: dict[str, Any] = {"index": o.index, "status": v.status, "stage": v.stage,
                                "message": v.message, "program": program_name(o.spec),
                                "spec": spec_to_json(o.spec)}
-        key = (v.status, v.stage, v.message.split(":")[0][:60])
+        key = (v.status, v.stage, _gist(v.message))
         if key in shrunk_for:
             row["same_as"] = shrunk_for[key]["index"]
         elif len(shrunk_for) < cfg.shrink_limit:

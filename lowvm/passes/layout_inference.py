@@ -455,8 +455,9 @@ class _Solver:
     def granule(self, tile: RegisterTensor) -> int:
         """Elements a default run of ``tile`` must be a multiple of, for the views that
         read it to keep whole values in each thread (3 bytes for 3-bit values)."""
-        # the tiles that share ``tile``'s layout: casts, assignments and elementwise
-        # results of its shape (a view of any of them needs the same whole values)
+        # the tiles that share ``tile``'s layout: casts, assignments, same-width views
+        # and elementwise results of its shape (a view of any of them needs the same
+        # whole values)
         same = {tile}
         grew = True
         while grew:
@@ -464,6 +465,8 @@ class _Solver:
             for inst in self.insts:
                 if isinstance(inst, (Cast, Assign)) and not getattr(inst, "relayout", False):
                     linked = inst.src in same
+                elif isinstance(inst, View) and inst.src.dtype.nbits == inst.out.dtype.nbits:
+                    linked = inst.src in same and inst.src.shape == inst.out.shape
                 elif isinstance(inst, Elementwise):
                     linked = any(isinstance(a, RegisterTensor) and a in same
                                  and a.shape == inst.out.shape for a in inst.args)
