@@ -34,10 +34,11 @@ def _parser() -> argparse.ArgumentParser:
                    "CPUs available, at most 16; 1 runs in this process)")
     p.add_argument("--ptxas-every", type=int, default=10, metavar="K",
                    help="cpu: compile every K-th program with ptxas (0: none)")
-    p.add_argument("--shrink-limit", type=int, default=10,
-                   help="shrink at most this many distinct failures")
-    p.add_argument("--shrink-budget", type=float, default=60.0, metavar="SECONDS",
-                   help="time for shrinking one failure")
+    p.add_argument("--shrink-limit", type=int,
+                   help="shrink at most this many distinct failures (default 10 on cpu, "
+                        "4 on cuda, where each try compiles a kernel)")
+    p.add_argument("--shrink-budget", type=float, metavar="SECONDS",
+                   help="time for shrinking one failure (default 60 on cpu, 30 on cuda)")
     p.add_argument("--regressions", type=Path,
                    help="save each shrunk failure as a regression case in this folder "
                         "(tests/fuzz/regressions replays them)")
@@ -73,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = FuzzConfig(device=args.device, programs=args.programs, seed=args.seed,
                      share=args.share or (4 if args.device == "cuda" else 1),
                      workers=args.workers or default_workers(),
-                     ptxas_every=args.ptxas_every, shrink_limit=args.shrink_limit,
-                     shrink_budget_s=args.shrink_budget, regressions=args.regressions)
+                     ptxas_every=args.ptxas_every,
+                     shrink_limit=args.shrink_limit if args.shrink_limit is not None
+                     else (4 if args.device == "cuda" else 10),
+                     shrink_budget_s=args.shrink_budget or (30.0 if args.device == "cuda"
+                                                            else 60.0),
+                     regressions=args.regressions)
     result = run(cfg, log=lambda text: print(text, file=sys.stderr))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

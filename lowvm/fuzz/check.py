@@ -24,12 +24,13 @@ import numpy as np
 from lowvm.errors import LowvmError
 from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.analysis import Invalid, analyze
-from lowvm.fuzz.build import build_program, is_packed
+from lowvm.fuzz.build import build_program, is_packed, program_name
 from lowvm.fuzz.generate import POISON, POISON_BYTE, make_arrays, output_geometry
 from lowvm.fuzz.reference import ReferenceError, reference
 from lowvm.fuzz.spec import Spec
 
 __all__ = ["Verdict", "check_cpu", "check_ptxas", "check_gpu", "read_output", "to_numpy",
+           "cuda_launcher", "gpu_tolerance", "LAUNCHER",
            "mismatches", "ARCHS"]
 
 ARCHS = ("sm_80", "sm_90")
@@ -167,31 +168,53 @@ def check_ptxas(spec: Spec, archs: tuple[str, ...] = ARCHS) -> Verdict:
     return Verdict()
 
 
+#: compiled kernels by (structure, arch): programs of one structure share one kernel
+_COMPILED: dict[tuple[str, str | None], Any] = {}
+
+
 def gpu_tolerance(spec: Spec):
     """The type whose 2 ulp the GPU may differ by, or None (bit-exact)."""
     final = analyze(spec)[-1]
     return nm.type_by_name(final.tol) if final.taint and final.tol else None
 
 
-def check_gpu(spec: Spec, interpreted: np.ndarray, arch: str | None = None) -> Verdict:
-    """Compile ``spec`` for the current GPU, launch it on fresh copies of its inputs and
-    compare with the interpreter's output buffer ``interpreted``."""
+def cuda_launcher(spec: Spec, arch: str | None):
+    """Compile ``spec`` (once per structure and arch) and return a function that runs it
+    on copies of an :class:`~lowvm.fuzz.generate.Arrays` on the GPU and returns the
+    output buffer as numpy."""
     import torch
 
     import lowvm
 
-    try:
+    key = (program_name(spec), arch)
+    compiled = _COMPILED.get(key)
+    if compiled is None:
         compiled = lowvm.compile(build_program(spec), arch=arch)
-    except LowvmError as exc:
-        return Verdict("error", "gpu-compile", _first_line(exc))
-    arrays = make_arrays(spec)
-    tensors = [t.cuda() for t in arrays.tensors]
-    try:
+        _COMPILED[key] = compiled
+
+    def launch(arrays) -> np.ndarray:
+        tensors = [t.cuda() for t in arrays.tensors]
         compiled(*arrays.scalars, *tensors)
         torch.cuda.synchronize()
-    except (LowvmError, RuntimeError) as exc:
+        return to_numpy(tensors[-1].cpu())
+    return launch
+
+
+#: how :func:`check_gpu` gets a runnable kernel (tests put a CPU stand-in here)
+LAUNCHER = cuda_launcher
+
+
+def check_gpu(spec: Spec, interpreted: np.ndarray, arch: str | None = None) -> Verdict:
+    """Compile ``spec`` for the GPU, launch it on fresh copies of its inputs and compare
+    with the interpreter's output buffer ``interpreted``."""
+    try:
+        launch = LAUNCHER(spec, arch)
+    except Exception as exc:  # noqa: BLE001 - a crash while compiling is a finding
+        return Verdict("error", "gpu-compile", _first_line(exc))
+    try:
+        got = launch(make_arrays(spec))
+    except Exception as exc:  # noqa: BLE001 - a failed launch is a finding
         return Verdict("error", "gpu-launch", _first_line(exc))
-    got = to_numpy(tensors[-1].cpu())
     expected, _ = read_output(spec, interpreted)
     message = _compare(spec, expected, got, "GPU vs interpreter", gpu_tolerance(spec))
     if message:

@@ -451,6 +451,8 @@ def validate(spec: Spec) -> None:
         raise Invalid("the data's rows are not whole bytes of the packed types")
     if spec.family == "loop" and -(-k // bn) > spec.steps:
         raise Invalid("K needs more loop steps than the analysis assumed")
+    if spec.family == "loop" and n != bn:
+        raise Invalid("a loop's output is as wide as its tile: n must be bn")
 
 
 # -------------------------------------------------------------------------------------

@@ -73,6 +73,14 @@ def _halve_layout(lay: Layout) -> Iterator[Layout]:
         yield dataclasses.replace(lay, column=False)
 
 
+def _retile(spec: Spec, tile: tuple[int, int], layout: Layout | None) -> Spec:
+    """``spec`` on another tile (a loop's output is as wide as its tile)."""
+    extent = spec.extent
+    if spec.family == "loop":
+        extent = (extent[0], tile[1], extent[2])
+    return dataclasses.replace(spec, tile=tile, layout=layout, extent=extent)
+
+
 def candidates(spec: Spec) -> Iterator[Spec]:
     """Simpler variants of ``spec``, most aggressive first (not all of them valid)."""
     first = spec.first_input
@@ -93,9 +101,13 @@ def candidates(spec: Spec) -> Iterator[Spec]:
             yield dataclasses.replace(spec, ops=tuple(ops))
     # smaller data, then smaller loops
     m, n, k = spec.extent
+    if spec.family == "loop":  # n is the tile's width there
+        n = spec.tile[1]
     for new in ((1, n, k), (m, 1, k), (m, n, 1), (max(1, m // 2), n, k),
                 (m, max(1, n // 2), k), (m, n, max(1, k // 2)), (spec.tile[0], n, k),
                 (m, spec.tile[1], k), (m - 1, n, k), (m, n - 1, k), (m, n, k - 1)):
+        if spec.family == "loop":
+            new = (new[0], spec.tile[1], new[2])
         if min(new) >= 1 and new != spec.extent:
             yield dataclasses.replace(spec, extent=new)
     if spec.steps > 1:
@@ -121,13 +133,13 @@ def candidates(spec: Spec) -> Iterator[Spec]:
     # smaller tiles and fewer warps
     if spec.layout is not None:
         for lay in _halve_layout(spec.layout):
-            yield dataclasses.replace(spec, layout=lay, tile=lay.shape)
+            yield _retile(spec, lay.shape, lay)
         yield dataclasses.replace(spec, layout=None)
     if spec.family != "dot":
         bm, bn = spec.tile
         for tile in ((bm // 2, bn), (bm, bn // 2)):
             if min(tile) >= 1 and spec.layout is None:
-                yield dataclasses.replace(spec, tile=tile)
+                yield _retile(spec, tile, None)
         if spec.warps > 1 and spec.layout is None:
             yield dataclasses.replace(spec, warps=spec.warps // 2)
     elif spec.mma is not None:
@@ -136,11 +148,12 @@ def candidates(spec: Spec) -> Iterator[Spec]:
     if spec.out_dtype != "float32":
         yield dataclasses.replace(spec, out_dtype="float32")
     for i, inp in enumerate(spec.inputs):
-        for t in _SIMPLE_TYPES:
-            if t != inp.dtype:
-                inputs = list(spec.inputs)
-                inputs[i] = dataclasses.replace(inp, dtype=t)
-                yield dataclasses.replace(spec, inputs=tuple(inputs))
+        for t in _SIMPLE_TYPES:  # only towards the front of the list: no cycles
+            if t == inp.dtype:
+                break
+            inputs = list(spec.inputs)
+            inputs[i] = dataclasses.replace(inp, dtype=t)
+            yield dataclasses.replace(spec, inputs=tuple(inputs))
 
 
 def shrink(spec: Spec, fails: Callable[[Spec], bool], budget_s: float = 60.0,

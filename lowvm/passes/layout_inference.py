@@ -487,6 +487,7 @@ class _Solver:
         self.propagate(seed=False)
         self.propagate(seed=True)
         viewed = {inst.src for inst in self.insts if isinstance(inst, View)}
+        defaults: dict[tuple[int, ...], RegisterLayout] = {}
         while True:
             open_ = [t for t in self.unknown if t not in self.layout and self.is_source(t)]
             if not open_:
@@ -496,9 +497,17 @@ class _Solver:
             # largest
             tile = max(open_, key=lambda t: (self.granule(t), t in viewed,
                                              math.prod(t.shape)))
-            layout = default_layout(tile.shape, tile.dtype, self.threads, self.granule(tile))
-            self.demand(tile, layout, self.definer[tile],
-                        "default: contiguous runs of up to 16 bytes per thread")
+            granule = self.granule(tile)
+            # a tile of a shape already given a default shares it (unless views need
+            # longer runs): tiles that only meet through a reduction and a broadcast
+            # must agree on which thread holds which column
+            layout = defaults.get(tile.shape) if granule == 1 else None
+            why = "the default of the other tiles of this shape"
+            if layout is None:
+                layout = default_layout(tile.shape, tile.dtype, self.threads, granule)
+                why = "default: contiguous runs of up to 16 bytes per thread"
+                defaults.setdefault(tile.shape, layout)
+            self.demand(tile, layout, self.definer[tile], why)
             self.propagate(seed=True)
         for tile in self.unknown:
             if tile not in self.layout:
