@@ -235,9 +235,6 @@ def _finish(rng: random.Random, spec: Spec) -> Spec:
                 continue
             if spec.family == "dot" and nm.granule(dt) > 2:
                 continue  # the MMA accumulator layout holds 2-element runs per thread
-            if spec.layout is None and nm.granule(dt) > 2 and any(
-                    nm.type_by_name(i.dtype).nbits < 8 for i in spec.inputs):
-                continue  # inference does not carry a view's runs across another view
             if spec.layout is not None and spec.layout.inner[1] % nm.granule(dt):
                 continue
             if bn % nm.granule(dt):

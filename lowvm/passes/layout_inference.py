@@ -44,6 +44,7 @@ import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
+from fractions import Fraction
 
 from lowvm.dtypes import DType, bfloat16, float16, int8, uint8
 from lowvm.errors import LowvmError
@@ -257,6 +258,8 @@ class _Solver:
         self.origin: dict[RegisterTensor, _Origin] = {}
         self.definer: dict[RegisterTensor, Instruction] = {}
         self.unknown: list[RegisterTensor] = []
+        self._links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]] | None = None
+        self._granules: dict[RegisterTensor, int] = {}
         for inst in self.insts:
             out = inst.output()
             if isinstance(out, RegisterTensor) and out not in self.definer:
@@ -453,50 +456,69 @@ class _Solver:
         return False
 
     def granule(self, tile: RegisterTensor) -> int:
-        """Elements a default run of ``tile`` must be a multiple of, for the views that
-        read it to keep whole values in each thread (3 bytes for 3-bit values)."""
-        # the tiles that share ``tile``'s layout: casts, assignments, same-width views
-        # and elementwise results of its shape (a view of any of them needs the same
-        # whole values)
-        same = {tile}
-        grew = True
-        while grew:
-            grew = False
-            for inst in self.insts:
-                if isinstance(inst, (Cast, Assign)) and not getattr(inst, "relayout", False):
-                    linked = inst.src in same
-                elif isinstance(inst, View) and inst.src.dtype.nbits == inst.out.dtype.nbits:
-                    linked = inst.src in same and inst.src.shape == inst.out.shape
-                elif isinstance(inst, Elementwise):
-                    linked = any(isinstance(a, RegisterTensor) and a in same
-                                 and a.shape == inst.out.shape for a in inst.args)
-                else:
-                    continue
-                if linked and inst.out not in same:
-                    same.add(inst.out)
-                    grew = True
+        """Elements a default run of ``tile`` must be a multiple of, so that every view
+        of a tile sharing its layout keeps whole values in each thread (3 bytes for
+        3-bit values; 2 int4 values for a view of int4 as bytes).
+
+        Layouts are shared along casts, assignments, elementwise ops (operands of the
+        result's shape) and views (which rescale a thread's run by the ratio of the
+        widths); the run is followed through all of them, both ways."""
+        if tile in self._granules:
+            return self._granules[tile]
+        links = self._layout_links()
+        ratio = {tile: Fraction(1)}  # elements of a tile per element of ``tile``
+        queue = [tile]
+        while queue:
+            t = queue.pop()
+            for other, factor in links.get(t, ()):
+                if other not in ratio:
+                    ratio[other] = ratio[t] * factor
+                    queue.append(other)
         granule = 1
         for inst in self.insts:
-            if isinstance(inst, View) and inst.src in same:
+            if isinstance(inst, View) and inst.src in ratio:
                 src_bits, dst_bits = inst.src.dtype.nbits, inst.out.dtype.nbits
-                granule = math.lcm(granule, dst_bits // math.gcd(src_bits, dst_bits))
+                whole = dst_bits // math.gcd(src_bits, dst_bits)  # source elements
+                r = ratio[inst.src]  # R elements of ``tile`` are R * r source elements
+                step = whole * r.denominator
+                granule = math.lcm(granule, step // math.gcd(step, r.numerator))
+        self._granules[tile] = granule
         return granule
+
+    def _layout_links(self) -> dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]]:
+        """For each tile, the tiles whose layout follows from its own and how many of
+        their elements a run of one of its elements holds."""
+        if self._links is not None:
+            return self._links
+        links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]] = {}
+
+        def link(a: RegisterTensor, b: RegisterTensor, factor: Fraction) -> None:
+            links.setdefault(a, []).append((b, factor))
+            links.setdefault(b, []).append((a, 1 / factor))
+        for inst in self.insts:
+            if isinstance(inst, (Cast, Assign)) and not getattr(inst, "relayout", False):
+                link(inst.src, inst.out, Fraction(1))
+            elif isinstance(inst, View):
+                link(inst.src, inst.out, Fraction(inst.src.dtype.nbits, inst.out.dtype.nbits))
+            elif isinstance(inst, Elementwise):
+                for a in inst.args:
+                    if isinstance(a, RegisterTensor) and a.shape == inst.out.shape:
+                        link(a, inst.out, Fraction(1))
+        self._links = links
+        return links
 
     def solve(self) -> dict[RegisterTensor, RegisterLayout]:
         """The layout of every unknown tile (or a ProgramError)."""
         self.propagate(seed=False)
         self.propagate(seed=True)
-        viewed = {inst.src for inst in self.insts if isinstance(inst, View)}
         defaults: dict[tuple[int, ...], RegisterLayout] = {}
         while True:
             open_ = [t for t in self.unknown if t not in self.layout and self.is_source(t)]
             if not open_:
                 break
-            # first the tiles views read (their layout decides what the view means, and
-            # whether one exists), the most constrained (widest granule) first; then the
-            # largest
-            tile = max(open_, key=lambda t: (self.granule(t), t in viewed,
-                                             math.prod(t.shape)))
+            # first the tiles whose views need the longest runs (their layout decides
+            # what a view means, and whether one exists), then the largest
+            tile = max(open_, key=lambda t: (self.granule(t), math.prod(t.shape)))
             granule = self.granule(tile)
             # a tile of a shape already given a default shares it (unless views need
             # longer runs): tiles that only meet through a reduction and a broadcast
