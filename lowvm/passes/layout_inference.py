@@ -260,6 +260,7 @@ class _Solver:
         self.unknown: list[RegisterTensor] = []
         self._links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]] | None = None
         self._granules: dict[RegisterTensor, int] = {}
+        self._shared_with: dict[RegisterTensor, dict[RegisterTensor, Fraction]] = {}
         for inst in self.insts:
             out = inst.output()
             if isinstance(out, RegisterTensor) and out not in self.definer:
@@ -465,15 +466,7 @@ class _Solver:
         widths); the run is followed through all of them, both ways."""
         if tile in self._granules:
             return self._granules[tile]
-        links = self._layout_links()
-        ratio = {tile: Fraction(1)}  # elements of a tile per element of ``tile``
-        queue = [tile]
-        while queue:
-            t = queue.pop()
-            for other, factor in links.get(t, ()):
-                if other not in ratio:
-                    ratio[other] = ratio[t] * factor
-                    queue.append(other)
+        ratio = self._sharing(tile)
         granule = 1
         for inst in self.insts:
             if isinstance(inst, View) and inst.src in ratio:
@@ -484,6 +477,34 @@ class _Solver:
                 granule = math.lcm(granule, step // math.gcd(step, r.numerator))
         self._granules[tile] = granule
         return granule
+
+    def _sharing(self, tile: RegisterTensor) -> dict[RegisterTensor, Fraction]:
+        """The tiles whose layout follows from ``tile``'s (casts, assignments, views,
+        elementwise ops of one shape, both ways), each with how many of its elements a
+        run of one element of ``tile`` holds."""
+        if tile in self._shared_with:
+            return self._shared_with[tile]
+        links = self._layout_links()
+        ratio = {tile: Fraction(1)}
+        queue = [tile]
+        while queue:
+            t = queue.pop()
+            for other, factor in links.get(t, ()):
+                if other not in ratio:
+                    ratio[other] = ratio[t] * factor
+                    queue.append(other)
+        self._shared_with[tile] = ratio
+        return ratio
+
+    def _default_order(self, tile: RegisterTensor) -> tuple[bool, int, int]:
+        """Which source gets its default first (the largest key): one whose layout a
+        reduction carries on (a reduction's result cannot give its source a layout
+        back), then the one whose views need the longest runs, then the largest (by
+        the largest tile sharing its layout: packed bytes count as their values)."""
+        sharing = self._sharing(tile)
+        feeds_reduce = any(isinstance(inst, Reduce) and inst.src in sharing
+                           for inst in self.insts)
+        return feeds_reduce, self.granule(tile), max(math.prod(t.shape) for t in sharing)
 
     def _layout_links(self) -> dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]]:
         """For each tile, the tiles whose layout follows from its own and how many of
@@ -511,24 +532,23 @@ class _Solver:
         """The layout of every unknown tile (or a ProgramError)."""
         self.propagate(seed=False)
         self.propagate(seed=True)
-        defaults: dict[tuple[int, ...], RegisterLayout] = {}
         while True:
             open_ = [t for t in self.unknown if t not in self.layout and self.is_source(t)]
             if not open_:
                 break
-            # first the tiles whose views need the longest runs (their layout decides
-            # what a view means, and whether one exists), then the largest
-            tile = max(open_, key=lambda t: (self.granule(t), math.prod(t.shape)))
+            tile = max(open_, key=self._default_order)
             granule = self.granule(tile)
-            # a tile of a shape already given a default shares it (unless views need
-            # longer runs): tiles that only meet through a reduction and a broadcast
-            # must agree on which thread holds which column
-            layout = defaults.get(tile.shape) if granule == 1 else None
-            why = "the default of the other tiles of this shape"
+            # a tile of a shape some tile already has a layout of takes that layout
+            # (unless views need longer runs): tiles that only meet through a
+            # reduction and a broadcast must agree on which thread holds which column
+            layout = None
+            if granule == 1:
+                layout = next((lay for t, lay in self.layout.items()
+                               if t.shape == tile.shape), None)
+            why = "the layout of the first tile of this shape"
             if layout is None:
                 layout = default_layout(tile.shape, tile.dtype, self.threads, granule)
                 why = "default: contiguous runs of up to 16 bytes per thread"
-                defaults.setdefault(tile.shape, layout)
             self.demand(tile, layout, self.definer[tile], why)
             self.propagate(seed=True)
         for tile in self.unknown:
