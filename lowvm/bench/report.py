@@ -171,6 +171,34 @@ def _quality_tables(doc: dict[str, Any]) -> list[str]:
     return ["\n\n".join(lines)]
 
 
+def _load_memory_tables(doc: dict[str, Any]) -> list[str]:
+    """A load-memory document: each load's peak against the goal (the loaded model plus
+    twice the largest dense layer), and the process's whole resident peak beside it."""
+    mib = 2**20
+    check = (doc.get("summary") or {}).get("checkpoint") or {}
+    lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
+    if check:
+        lines.append(f"A random float16 Llama checkpoint of {check['bytes'] / mib:.0f} MiB; "
+                     f"largest dense layer {check['largest_dense_bytes'] / mib:.0f} MiB. "
+                     "Peak: on the GPU `torch.cuda.max_memory_allocated`; on the CPU the "
+                     "growth of anonymous resident memory during the load (the mapped "
+                     "checkpoint's pages are page cache); RSS: the process's whole resident "
+                     "high-water mark before loading (interpreter, libraries, a warm-up "
+                     "load) and after reading every loaded tensor once (the checkpoint's "
+                     "mapped pages included).")
+    body = [[r.get("device"), r.get("case"), _fixed(r.get("peak_mib"), ".0f"),
+             _fixed(r.get("model_mib"), ".0f"), _fixed(r.get("goal_mib"), ".0f"),
+             "yes" if r.get("within_goal") else "no",
+             _fixed((r.get("cpu_hwm_before_bytes") or 0) / mib, ".0f"),
+             _fixed((r.get("cpu_hwm_used_bytes") or 0) / mib, ".0f"),
+             _fixed(r.get("seconds"), ".1f"), str(r.get("error", ""))[:120]]
+            for r in doc.get("rows") or []]
+    lines.append(markdown_table(["device", "load", "peak MiB", "model MiB", "goal MiB",
+                                 "within goal", "RSS before MiB", "RSS peak MiB", "seconds",
+                                 "error"], body))
+    return ["\n\n".join(lines)]
+
+
 def _outcome_tables(doc: dict[str, Any]) -> list[str]:
     lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
     if doc.get("totals"):
@@ -201,6 +229,8 @@ def render_doc(doc: dict[str, Any], source: str = "") -> str:
         tables = _serving_tables(doc)
     elif doc.get("scenario") == "quality":
         tables = _quality_tables(doc)
+    elif doc.get("scenario") == "load-memory":
+        tables = _load_memory_tables(doc)
     else:
         tables = _outcome_tables(doc)
     head = f"### {doc.get('scenario', '?')}\n\n```\n{command}\n```\n\n{where}"

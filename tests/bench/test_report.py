@@ -302,3 +302,17 @@ def test_report_renders_a_quality_document_as_a_perplexity_table(tmp_path):
     assert "| float16 | float16 |  | 16.000 | 2.5000 | +0.00 % |  |  |  |" in text
     assert "| int4 g128 rtn | int4 | rtn | 4.125 | 2.6000 | +4.00 % | 0.0812 | 0.9700 |  |" in text
     assert "| int2 g128 gptq | int2 | gptq |  |  |  |  |  | QuantizationError: a/b |" in text
+
+
+def test_a_load_memory_document_renders_peak_against_goal():
+    from lowvm.bench.report import render_doc
+
+    mib = 2**20
+    row = {"device": "cuda", "case": "int4 on load", "peak_mib": 705.0, "model_mib": 503.0,
+           "goal_mib": 753.0, "within_goal": True, "cpu_hwm_before_bytes": 900 * mib,
+           "cpu_hwm_used_bytes": 2400 * mib, "seconds": 0.5}
+    doc = {"kind": "json", "scenario": "load-memory", "ok": True, "rows": [row],
+           "summary": {"checkpoint": {"bytes": 1230 * mib, "largest_dense_bytes": 125 * mib}}}
+    text = render_doc(doc)
+    assert "| cuda | int4 on load | 705 | 503 | 753 | yes | 900 | 2400 | 0.5 |  |" in text
+    assert "1230 MiB" in text and "python -m lowvm.bench load-memory" in text
