@@ -542,9 +542,9 @@ class _Solver:
             # (unless views need longer runs): tiles that only meet through a
             # reduction and a broadcast must agree on which thread holds which column
             layout = None
-            if granule == 1:
-                layout = next((lay for t, lay in self.layout.items()
-                               if t.shape == tile.shape), None)
+            if granule == 1:  # the first unreplicated one (an MMA B operand is not)
+                same = [lay for t, lay in self.layout.items() if t.shape == tile.shape]
+                layout = min(same, key=lambda lay: lay.replication > 1, default=None)
             why = "the layout of the first tile of this shape"
             if layout is None:
                 layout = default_layout(tile.shape, tile.dtype, self.threads, granule)
