@@ -120,11 +120,11 @@ def measure_load(path: str, warmup: str, quantize: bool, device: str) -> dict[st
     import torch
     from transformers import AutoModelForCausalLM
 
-    import lowvm
+    from lowvm.nn.hf_quantizer import LowvmConfig  # registers the "lowvm" method
 
     kwargs: dict[str, Any] = {"dtype": torch.float16}
     if quantize:
-        kwargs["quantization_config"] = lowvm.LowvmConfig(dtype="int4", group_size=128)
+        kwargs["quantization_config"] = LowvmConfig(dtype="int4", group_size=128)
     if device == "cuda":
         kwargs["device_map"] = "cuda"
     AutoModelForCausalLM.from_pretrained(warmup, **kwargs)  # dropped at once
