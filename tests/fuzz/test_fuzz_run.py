@@ -79,3 +79,11 @@ def test_a_cuda_run_with_a_cpu_stand_in_for_the_gpu(monkeypatch):
     first = result["rows"][0]
     assert "shrunk" in first and all(r.get("same_as") == first["index"]
                                      for r in result["rows"][1:])
+
+
+@pytest.mark.gpu
+def test_gpu_matches_the_interpreter_on_48_programs():
+    result = run(FuzzConfig(device="cuda", programs=48, seed=31, share=4, workers=1),
+                 log=lambda _: None)
+    assert result["structures"] == 12
+    assert result["ok"], _failures(result)
