@@ -26,8 +26,9 @@ place, after the model is loaded on every rank; :mod:`lowvm.nn.hf_quantizer` cal
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -211,16 +212,22 @@ class AllReduceOutput:
         self.timer: list[tuple[Any, Any]] | None = None
 
     def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
-        if self.timer is not None and output.is_cuda:
-            start, end = (torch.cuda.Event(enable_timing=True),
-                          torch.cuda.Event(enable_timing=True))
-            start.record()
-            dist.all_reduce(output, group=self.group)
-            end.record()
-            self.timer.append((start, end))
-        else:
+        with _timed(self.timer, output):
             dist.all_reduce(output, group=self.group)
         return output
+
+
+@contextlib.contextmanager
+def _timed(timer: list[tuple[Any, Any]] | None, tensor: torch.Tensor) -> Iterator[None]:
+    """CUDA events around the body, appended to ``timer`` (nothing when it is None)."""
+    if timer is None or not tensor.is_cuda:
+        yield
+        return
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    yield
+    end.record()
+    timer.append((start, end))
 
 
 class GatherOutput:
@@ -229,12 +236,15 @@ class GatherOutput:
 
     def __init__(self, group: Any = None) -> None:
         self.group = group
+        self.timer: list[tuple[Any, Any]] | None = None  # as AllReduceOutput's
 
     def __call__(self, module: nn.Module, args: Any, output: torch.Tensor) -> torch.Tensor:
         world = dist.get_world_size(self.group)
         local = output.contiguous()
-        gathered = local.new_empty((world, *local.shape))
-        dist.all_gather_into_tensor(gathered, local, group=self.group)
+        flat = local.new_empty((world * local.shape[0], *local.shape[1:]))
+        with _timed(self.timer, local):
+            dist.all_gather_into_tensor(flat, local, group=self.group)
+        gathered = flat.view(world, *local.shape)
         return gathered.movedim(0, -2).reshape(*local.shape[:-1], world * local.shape[-1])
 
 
