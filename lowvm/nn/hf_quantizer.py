@@ -20,11 +20,18 @@
 After loading, the model's config records every layer (a lowvm checkpoint when saved) and
 ``save_pretrained`` also writes a model card saying the checkpoint needs lowvm.
 
+With ``tp_plan="auto"`` (torchrun), the tensor-parallel plan's entries for lowvm layers
+are taken out of transformers' hands (its DTensor sharding cannot slice the repacked
+weights) and every such layer is split by :mod:`lowvm.nn.tensor_parallel` once loaded (a
+layer quantized on load, as soon as it is quantized); the rest of the model (embeddings,
+``lm_head``, norms) is sharded or replicated by transformers as usual.
+
 Only hooks present in transformers 5.17 to 5.24 are used:
 ``_process_model_before/after_weight_loading``, ``update_dtype``,
 ``param_needs_quantization`` with ``get_quantize_ops``, ``param_element_size``,
 ``_dequantize``,
-``is_serializable``.
+``is_serializable``, and for tensor parallelism ``update_tp_plan`` (5.17) and
+``update_parallel_plan`` (5.24).
 """
 
 from __future__ import annotations
@@ -120,6 +127,8 @@ class LowvmHfQuantizer(HfQuantizer):
         self.plan: dict[str, Any] = {}        # quantize-on-load: layer name -> QuantSpec
         self.errors: list[Exception] = []     # raised inside transformers' loading loop
         self.imported: dict[str, str] = {}    # import: layer name -> checkpoint method
+        self.tp_styles: dict[str, str] = {}   # lowvm layer name -> tensor-parallel style
+        self.tp_records: dict[str, Any] = {}  # quantized-on-load layers split at once
 
     def update_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
         """lowvm layers take float16/bfloat16 activations: float32 (or unset) becomes
@@ -151,7 +160,104 @@ class LowvmHfQuantizer(HfQuantizer):
             from lowvm.nn.model import plan_layers  # loads the kernels: only when used
 
             self.plan, _ = plan_layers(model, loaded=False, **config.quantize_kwargs())
+        self._claim_tp_plan(model)
         return model
+
+    # ---------------------------------------------------------------- tensor parallelism
+
+    def _lowvm_layer_names(self, model: nn.Module) -> set[str]:
+        """Layers that are (or will be, once their weight is read) lowvm layers."""
+        from lowvm.nn.import_shell import ImportShell
+        from lowvm.nn.quant_linear import QuantLinear
+
+        names = {name for name, module in model.named_modules()
+                 if isinstance(module, QuantLinear | ImportShell)}
+        return names | set(self.plan) | set(self.imported)
+
+    def _claim_tp_plan(self, model: nn.Module, plan: dict[str, str] | None = None) -> None:
+        """Take the plan's entries for lowvm layers out of ``plan`` (the model's own, in
+        place), remembering their styles: lowvm splits those layers itself after loading."""
+        from lowvm.nn.tensor_parallel import STYLES, generic_name
+
+        plan = getattr(model, "tp_plan", None) if plan is None else plan
+        if not isinstance(plan, dict) or not plan:
+            return
+        lowvm = self._lowvm_layer_names(model)
+        if not lowvm:
+            return
+        modules = [name for name, _ in model.named_modules()]
+        for key, style in list(plan.items()):
+            matched = [name for name in modules if generic_name(name) == key or name == key]
+            mine = [name for name in matched if name in lowvm]
+            if not mine:
+                continue
+            others = [name for name in matched if name not in lowvm]
+            if others:
+                raise QuantizationError(
+                    f"tensor parallelism: the plan entry {key!r} covers lowvm layers "
+                    f"({mine[0]!r}, ...) and dense ones ({others[0]!r}, ...); lowvm splits its "
+                    "layers itself, so quantize all of them or none (LowvmConfig dtype/skip)")
+            if style not in STYLES:
+                raise QuantizationError(
+                    f"tensor parallelism: layer {mine[0]!r} is planned {style!r}, a split "
+                    f"lowvm layers do not take (accepted: {', '.join(STYLES)}); skip it in "
+                    "LowvmConfig(skip=...) to keep it dense")
+            self.tp_styles.update(dict.fromkeys(mine, style))
+            del plan[key]
+        model._lowvm_tp_styles = dict(self.tp_styles)
+
+    def update_tp_plan(self, config: Any) -> Any:
+        """transformers 5.17, before the model exists: which layers lowvm quantizes is
+        known only once it is built, so the plan is trimmed in
+        ``_process_model_before_weight_loading`` (before transformers applies it)."""
+        return config
+
+    def update_parallel_plan(self, model: nn.Module, plan: dict[str, str]) -> None:
+        """transformers 5.24: the model's plan without the entries of lowvm layers."""
+        parent = getattr(super(), "update_parallel_plan", None)
+        if parent is not None:
+            parent(model, plan)
+        self._claim_tp_plan(model, plan)
+
+    def _shard_now(self, model: nn.Module, name: str) -> None:
+        """Split lowvm layer ``name`` if the model is tensor-parallel and the plan names it."""
+        style = self.tp_styles.get(name)
+        group = _tp_group(model)
+        if style is None or group is None:
+            return
+        import torch.distributed as dist
+
+        from lowvm.nn.tensor_parallel import communication_hook, shard_quant_linear
+
+        layer = model.get_submodule(name)
+        self.tp_records[name] = layer.layer_config()
+        shard = shard_quant_linear(layer, style, dist.get_rank(group),
+                                   dist.get_world_size(group), name)
+        communication_hook(shard, style, group)
+        _set_module(model, name, shard)
+
+    def _shard_loaded(self, model: nn.Module) -> None:
+        """After loading: split every planned lowvm layer not split yet (all are checked
+        before any is replaced)."""
+        group = _tp_group(model)
+        if group is None or not self.tp_styles:
+            return
+        import torch.distributed as dist
+
+        from lowvm.nn.quant_linear import QuantLinear
+        from lowvm.nn.tensor_parallel import TensorParallelError, is_sharded, shard_problem
+
+        world = dist.get_world_size(group)
+        todo = [name for name in self.tp_styles
+                if isinstance(model.get_submodule(name), QuantLinear)
+                and not is_sharded(model.get_submodule(name))]
+        for name in todo:
+            problem = shard_problem(model.get_submodule(name), self.tp_styles[name], world)
+            if problem:
+                raise TensorParallelError(f"layer {name!r} cannot be split over {world} "
+                                          f"ranks: {problem}")
+        for name in todo:
+            self._shard_now(model, name)
 
     def param_needs_quantization(self, model: nn.Module, param_name: str, **kwargs: Any
                                  ) -> bool:
@@ -190,6 +296,7 @@ class LowvmHfQuantizer(HfQuantizer):
         if bias is not None and layer.bias is not None:
             layer.bias.copy_(bias.detach())
         _set_module(model, name, layer)
+        self._shard_now(model, name)  # tensor-parallel: keep only this rank's shard
 
     def _process_model_after_weight_loading(self, model: nn.Module, **kwargs: Any) -> nn.Module:
         if self.errors:
@@ -203,6 +310,7 @@ class LowvmHfQuantizer(HfQuantizer):
             modules = dict(config.modules)
         else:
             modules = self._finish_quantize_on_load(model)
+        self._shard_loaded(model)
         record = LowvmConfig(dtype=config.dtype, group_size=config.group_size,
                              zero_point=config.zero_point, skip=config.skip,
                              modules=modules, method=config.method)
@@ -226,8 +334,8 @@ class LowvmHfQuantizer(HfQuantizer):
                 raise QuantizationError(f"layer {name!r}: the checkpoint holds no weight for "
                                         "it, so there is nothing to quantize")
             self.quantize_layer(model, name, weight.detach())
-        return {name: model.get_submodule(name).layer_config() for name in self.plan
-                if isinstance(model.get_submodule(name), QuantLinear)}
+        return {name: self.tp_records.get(name) or model.get_submodule(name).layer_config()
+                for name in self.plan if isinstance(model.get_submodule(name), QuantLinear)}
 
     def _dequantize(self, model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
         from lowvm.nn.dequantize import dequantize_model
@@ -244,6 +352,24 @@ class LowvmHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _tp_group(model: nn.Module) -> Any:
+    """The tensor-parallel process group transformers set the model up with, or None.
+
+    5.17 keeps the TP mesh as ``model._device_mesh`` (a ``"tp"`` dimension when it has
+    several); 5.24 a mesh manager, ``model._mesh_manager.get_mesh("tp")``."""
+    size = getattr(model, "_tp_size", None)
+    if not isinstance(size, int) or size <= 1:
+        return None
+    manager = getattr(model, "_mesh_manager", None)
+    mesh = manager.get_mesh("tp") if manager is not None else getattr(model, "_device_mesh",
+                                                                       None)
+    if mesh is None:
+        return None
+    if mesh.ndim > 1:
+        mesh = mesh["tp"]
+    return mesh.get_group()
 
 
 def _build_lowvm_shells(model: nn.Module, entries: Mapping[str, Mapping[str, Any]]) -> None:
