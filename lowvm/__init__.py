@@ -28,12 +28,17 @@ def _tuned_schedule(m: int, weight: object) -> object:
 _set_schedule_source(_tuned_schedule)
 
 _NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "from_pretrained",
-             "dequantize_model", "fuse_projections", "FuseReport", "use_decode_attention")
+             "dequantize_model", "fuse_projections", "FuseReport", "use_decode_attention",
+             "tensor_parallel")
 _KERNEL_NAMES = ("overlapped_launches",)
 
 
 def __getattr__(name: str) -> object:
     """The quantized layers load on first use: ``import lowvm`` stays free of torch."""
+    if name == "tensor_parallel":  # lowvm.nn.tensor_parallel is the module of that name
+        from lowvm.nn.tensor_parallel import tensor_parallel
+
+        return tensor_parallel
     if name in _NN_NAMES:
         import lowvm.nn
 

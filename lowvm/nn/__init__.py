@@ -4,8 +4,11 @@
 ``LowvmConfig`` (quantize while ``from_pretrained`` loads), ``from_pretrained`` (any
 checkpoint, GPTQ/AWQ/compressed-tensors included, onto lowvm layers),
 ``dequantize_model``, the per-layer GPTQ/AWQ/compressed-tensors importers and
-``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving) and
-``use_decode_attention`` (decode steps' attention on a VM program).
+``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving),
+``use_decode_attention`` (decode steps' attention on a VM program) and
+``shard_quant_linear`` (one rank's tensor-parallel shard of a layer; the whole-model
+``tensor_parallel`` function is ``lowvm.nn.tensor_parallel.tensor_parallel``, also
+``lowvm.tensor_parallel``).
 Names load lazily so that ``import lowvm`` does not pay for torch or transformers.
 """
 
@@ -20,7 +23,8 @@ __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_
            "from_awq", "QuantizationError", "ActivationError", "CheckpointImportError",
            "WeightFormatError", "LowvmFallbackWarning", "fuse_projections", "FuseReport",
            "FuseError", "FusedGateUpMLP", "concat_out_features", "use_decode_attention",
-           "AttentionError", "from_pretrained", "dequantize_model", "from_compressed_tensors"]
+           "AttentionError", "from_pretrained", "dequantize_model", "from_compressed_tensors",
+           "shard_quant_linear", "TensorParallelError"]
 
 _WHERE = {
     "QuantLinear": "lowvm.nn.quant_linear",
@@ -40,6 +44,7 @@ _WHERE = {
     **dict.fromkeys(("fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
                      "concat_out_features"), "lowvm.nn.fuse"),
     **dict.fromkeys(("use_decode_attention", "AttentionError"), "lowvm.nn.attention"),
+    **dict.fromkeys(("shard_quant_linear", "TensorParallelError"), "lowvm.nn.tensor_parallel"),
 }
 
 
