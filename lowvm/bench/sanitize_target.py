@@ -4,11 +4,18 @@ zero points) and prefill (pipelined x, 4x4 warps) schedules, quant_gemm_prefill 
 on sm_90, quant_gemm_wgmma (overlapped and waiting multiplies, split K), with a masked
 M.
 
-``python -m lowvm.bench sanitizers`` runs ``python -m lowvm.bench.sanitize_target`` under
-compute-sanitizer's memcheck and racecheck; it is small so that both finish in minutes.
+``--sweep`` then runs ``QuantLinear`` (the library's dispatch, as a model calls it) for
+every 1..8-bit weight type x group size 32, 64, 128 and per row x M = 1, 16, 256 on a
+small layer: each schedule family the dispatcher picks for each type. A launch refused
+with a lowvm error (a known limit, named in the output) is counted, not a crash.
+
+``python -m lowvm.bench sanitizers`` runs ``python -m lowvm.bench.sanitize_target --sweep``
+under compute-sanitizer's memcheck and racecheck.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 import torch
@@ -61,5 +68,41 @@ def main() -> None:
           "out[0, :2] =", out[0, :2].tolist())
 
 
+SWEEP_GROUPS = (32, 64, 128, -1)
+SWEEP_M = (1, 16, 256)
+
+
+def sweep(k: int = 512, n: int = 256) -> tuple[int, list[str]]:
+    """Every weight type x group x M through QuantLinear on CUDA; returns (launches,
+    refusals as text)."""
+    from lowvm.bench.scenarios import weight_type_names
+    from lowvm.errors import LowvmError
+    from lowvm.nn.quant_linear import QuantLinear
+
+    launches, refused = 0, []
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(k, n, bias=True, dtype=torch.float16)
+    for name in weight_type_names():
+        if name == "int1":
+            continue  # not a weight type (symmetric int1 holds only -1 and 0)
+        for group in SWEEP_GROUPS:
+            layer = QuantLinear.from_linear(dense, name, group).cuda()
+            for m in SWEEP_M:
+                for act in (torch.float16, torch.bfloat16):
+                    x = torch.randn(m, k, dtype=act, device="cuda")
+                    try:
+                        layer.to(act)(x)
+                        launches += 1
+                    except LowvmError as exc:
+                        refused.append(f"{name} g{group} M={m} {act}: {str(exc)[:160]}")
+    torch.cuda.synchronize()
+    return launches, refused
+
+
 if __name__ == "__main__":
     main()
+    if "--sweep" in sys.argv[1:]:
+        count, refusals = sweep()
+        print(f"sweep: {count} QuantLinear launches, {len(refusals)} refused")
+        for line in refusals:
+            print("  refused:", line)

@@ -111,8 +111,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-n", "8", "-p",
                       "no:cacheprovider", "--junitxml", "{out}/junit.xml", "tests")),
     Scenario("sanitizers", "sanitizers",
-             "compute-sanitizer memcheck and racecheck over small quantized-GEMM launches",
-             command=("{python}", "-m", "lowvm.bench.sanitize_target")),
+             "compute-sanitizer memcheck and racecheck over the library's kernel forms and every "
+             "weight type x group x M = 1, 16, 256 through QuantLinear",
+             command=("{python}", "-m", "lowvm.bench.sanitize_target", "--sweep")),
+    Scenario("sanitizers-fuzz", "sanitizers",
+             "compute-sanitizer memcheck and racecheck over 150 fuzzer programs on the GPU",
+             command=("{python}", "-m", "lowvm.fuzz", "--device", "cuda", "--programs", "150",
+                      "--seed", "11")),
 )}
 
 #: The scenario of a flag-style call (``python -m lowvm.bench --shape ... --m ...``):

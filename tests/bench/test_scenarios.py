@@ -15,7 +15,8 @@ def test_the_required_scenarios_exist_with_their_kinds():
     assert kinds == {"gemm-decode": "gemm", "gemm-prefill": "gemm", "types": "gemm",
                      "schedules": "schedules", "serving-loop": "serving",
                      "quality": "json", "fuzz": "json", "load-memory": "json",
-                     "gpu-suite": "pytest", "sanitizers": "sanitizers"}
+                     "gpu-suite": "pytest", "sanitizers": "sanitizers",
+                     "sanitizers-fuzz": "sanitizers"}
 
 
 def test_gemm_scenarios_hold_their_shapes_m_and_methods():
