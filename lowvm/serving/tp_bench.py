@@ -282,6 +282,7 @@ def _fits(config: Any, wtype: str, args: argparse.Namespace, device: torch.devic
           world: int) -> tuple[bool, int]:
     """(every rank has room for its weights plus 10 %, the weights' bytes per rank)."""
     need = _meta_bytes(config, wtype, args.group_size, world)
+    _empty_cache()
     ok = 1
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -298,7 +299,8 @@ def _environment(device: torch.device, world: int) -> dict[str, Any]:
            "world": world, "device": str(device)}
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
-        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()
+        env["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     return env
 
 
@@ -310,8 +312,8 @@ def _write(path: str | None, rank: int, result: dict[str, Any]) -> None:
         os.replace(tmp, path)
 
 
-def _release(model: Any) -> None:
-    del model
+def _empty_cache() -> None:
+    """Give freed blocks back to the driver, so free-memory checks see them."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -329,7 +331,6 @@ def _run_dtype(wtype: str, config: Any, args: argparse.Namespace, device: torch.
         _write(args.json, rank, result)
         return
     if device.type == "cuda":
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     model, hooks = build_model(config, wtype, args.group_size, rank, world, group, device,
@@ -364,7 +365,8 @@ def _run_dtype(wtype: str, config: Any, args: argparse.Namespace, device: torch.
                 print(json.dumps(row), flush=True)
             _write(args.json, rank, result)
     finally:
-        _release(model)
+        model = hooks = None  # the last references: freed before the next type is built
+        _empty_cache()
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
