@@ -348,7 +348,7 @@ def _update_fused_records(model: nn.Module, name: str, world: int) -> None:
         return
     fused[child] = tuple((part, n // world) for part, n in fused[child])
     if child == "qkv_proj" and hasattr(parent, "_lowvm_qkv"):
-        object.__setattr__(parent, "_lowvm_qkv", tuple(n // world for _, n in fused[child]))
+        object.__setattr__(parent, "_lowvm_qkv", tuple(n for _, n in fused[child]))
     if hasattr(parent, "intermediate_size") and child == "gate_up_proj":
         parent.intermediate_size = parent.intermediate_size // world
 

@@ -194,6 +194,12 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
         out["q_rows"] = model.model.layers[0].self_attn.q_proj.out_features
         with torch.no_grad():
             out["manual"] = model(_IDS).logits
+        fused = _quantized()  # fused q/k/v and gate/up: each part split apart
+        assert lowvm.fuse_projections(fused).attention_fused == 2
+        lowvm.tensor_parallel(fused)
+        out["fused_qkv_rows"] = fused.model.layers[0].self_attn.qkv_proj.out_features
+        with torch.no_grad():
+            out["fused"] = fused(_IDS).logits
         if importlib.util.find_spec("accelerate") is not None:  # transformers' TP needs it
             from transformers import AutoModelForCausalLM
 
@@ -233,7 +239,8 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
         assert "64 per rank" in out["error"] or "multiple of 64" in out["error"]
         assert out["unchanged"]
         assert out["split"] == 14 and out["q_rows"] == 128
-        keys = ["manual"]
+        assert out["fused_qkv_rows"] == 256  # 128 of q, 64 of k, 64 of v
+        keys = ["manual", "fused"]
         if importlib.util.find_spec("accelerate") is not None:
             keys += ["auto_saved", "auto_on_load"]
             assert out["auto_saved_down_in"] == out["auto_on_load_down_in"] == 128
