@@ -248,3 +248,49 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
             diff = (out[key].float() - ref).abs().max().item()
             assert diff <= tol, (key, diff, tol)
     assert torch.equal(outs[0]["manual"], outs[1]["manual"])
+
+
+def _gpu_worker(rank: int, world: int, port: int, root: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    try:
+        from transformers import AutoModelForCausalLM
+
+        import lowvm  # noqa: F401  (registers lowvm with transformers)
+        from lowvm.serving.decode_loop import DecodeLoop
+
+        model = AutoModelForCausalLM.from_pretrained(f"{root}/quantized", tp_plan="auto")
+        ids = _IDS.cuda()
+        with torch.no_grad():
+            logits = model(ids).logits
+        loop = DecodeLoop(model, ids, 8)
+        loop.capture()  # NCCL's all-reduces inside one CUDA graph per rank
+        out = {"logits": logits.cpu(), "tokens": loop(8).cpu(),
+               "graph": loop.graph is not None,
+               "q_rows": model.model.layers[0].self_attn.q_proj.out_features}
+        torch.save(out, f"{root}/gpu{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                    or importlib.util.find_spec("accelerate") is None,
+                    reason="needs 2 GPUs and accelerate (transformers' tp_plan)")
+def test_tp_plan_auto_on_two_gpus(tmp_path) -> None:
+    single = _quantized()
+    single.save_pretrained(tmp_path / "quantized")
+    single = single.cuda()
+    with torch.no_grad():
+        ref = single(_IDS.cuda()).logits.float().cpu()
+    mp.spawn(_gpu_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
+    outs = [torch.load(tmp_path / f"gpu{r}.pt") for r in range(2)]
+    for out in outs:
+        assert out["graph"] and out["q_rows"] == 128
+        diff = (out["logits"].float() - ref).abs().max().item()
+        assert diff <= 1e-2 * float(ref.abs().max()), diff
+    assert torch.equal(outs[0]["tokens"], outs[1]["tokens"])
