@@ -137,6 +137,16 @@ def default_layout(shape: tuple[int, ...], dtype: DType, threads: int,
     return best[2]
 
 
+def _run(layout: RegisterLayout) -> int:
+    """Consecutive elements along the last dim each thread holds in its innermost
+    registers (1 when the innermost local digit runs elsewhere)."""
+    last_mode = len(layout.mode_sizes) - 1
+    if (layout.local_modes and layout.mode_shape[-1]
+            and layout.local_modes[-1] == last_mode):
+        return layout.mode_sizes[last_mode]
+    return 1
+
+
 _RUN_RECIPE = re.compile(r"\.local\(((?:1, )*)(\d+)\)$")
 
 
@@ -541,10 +551,11 @@ class _Solver:
             # a tile of a shape some tile already has a layout of takes that layout
             # (unless views need longer runs): tiles that only meet through a
             # reduction and a broadcast must agree on which thread holds which column
-            layout = None
-            if granule == 1:  # the first unreplicated one (an MMA B operand is not)
-                same = [lay for t, lay in self.layout.items() if t.shape == tile.shape]
-                layout = min(same, key=lambda lay: lay.replication > 1, default=None)
+            # the first unreplicated one (an MMA B operand is not) whose runs hold
+            # whole values for the views
+            same = [lay for t, lay in self.layout.items()
+                    if t.shape == tile.shape and _run(lay) % granule == 0]
+            layout = min(same, key=lambda lay: lay.replication > 1, default=None)
             why = "the layout of the first tile of this shape"
             if layout is None:
                 layout = default_layout(tile.shape, tile.dtype, self.threads, granule)
