@@ -159,11 +159,20 @@ class CudaContext:
         if dt.is_float:
             v = value if value_is_float else f"(float)({value})"
             if dt == float16:
-                return f"{name}[{local}] = __float2half_rn({v});"
-            if dt == bfloat16:
-                return f"{name}[{local}] = __float2bfloat16_rn({v});"
+                convert = "__float2half_rn" if value_is_float else "__int2half_rn"
+                return f"{name}[{local}] = {convert}({value});"
+            if dt == bfloat16:  # an int goes straight (float32 first rounds twice)
+                convert = "__float2bfloat16_rn" if value_is_float else "__int2bfloat16_rn"
+                return f"{name}[{local}] = {convert}({value});"
             if dt == float32:
                 return f"{name}[{local}] = {v};"
+            if not value_is_float:
+                # an int beyond 2^24 rounded to float32 and then to a small float rounds
+                # twice; rounding to odd first (truncate, then set the last bit when
+                # inexact) makes the second rounding the only one
+                rz = f"__int2float_rz({value})"
+                v = (f"__int_as_float(__float_as_int({rz}) | "
+                     f"(int)((long long){rz} != (long long)({value})))")
             code = (f"lowvm_encode_float<{dt.exponent_bits}, {dt.mantissa_bits}, "
                     f"{_float_kind(dt)}>({v})")
             return f"lowvm_set_bits({name}, ({local}) * {dt.nbits}, {dt.nbits}, {code});"

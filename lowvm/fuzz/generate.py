@@ -547,7 +547,24 @@ def _sample(rng: np.random.Generator, inp: Input, shape: tuple[int, int]
     pick = rng.random(shape) < 0.1
     if special.size:
         values = np.where(pick, rng.choice(special, size=shape), values)
+    if dt.is_integer and top > 2.0**25:
+        values = np.where(rng.random(shape) < 0.1, _rounding_edges(rng, inp, shape), values)
     return values, None
+
+
+def _rounding_edges(rng: np.random.Generator, inp: Input, shape: tuple[int, int]
+                    ) -> np.ndarray:
+    """Integers next to the midpoints between neighbouring values of a float of up to 8
+    significant bits, beyond float32's exact integers: where a conversion that rounds
+    to float32 first rounds twice (clipped to the input's range)."""
+    top = max(abs(inp.lo), abs(inp.hi))
+    e = rng.integers(25, max(26, int(math.log2(top))), size=shape)
+    bits = rng.integers(1, 9, size=shape)  # the target's significant bits
+    k = rng.integers(0, 2**bits, size=shape)
+    mid = (2.0**e) * (1 + (2 * k + 1) / 2.0 ** (bits + 1))
+    edge = mid + rng.integers(-2, 3, size=shape)
+    signs = np.where(rng.random(shape) < 0.5, -1.0, 1.0)
+    return np.clip(signs * edge, inp.lo, inp.hi)
 
 
 def _tensor(values: np.ndarray, codes: np.ndarray | None, dt: DType):
