@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from lowvm.dtypes import DType
 from lowvm.kernels.quantize import dequantize_with, required_scales, round_to_nearest
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.spec import QuantSpec
@@ -19,6 +20,18 @@ FP16_SCALE_MAX = 65504.0
 #: the smallest positive scale a float16 holds (a subnormal); below it a group's codes
 #: would all round to zero
 FP16_SCALE_MIN = 2.0**-24
+
+
+def _smallest_scale(wtype: DType) -> float:
+    """The smallest scale a group may need. An integer group needing less than float16's
+    smallest scale would round to zero; a small-float group keeps its precision with the
+    scale raised to that smallest value as long as its largest value still lands on a
+    normal number of the type (wide types such as float8_e6m1, whose largest value is
+    6.4e9, need scales far below float16's for ordinary weights)."""
+    if not wtype.is_float:
+        return FP16_SCALE_MIN
+    smallest_normal = 2.0 ** (1 - wtype.bias)
+    return FP16_SCALE_MIN * smallest_normal / wtype.max_value
 
 
 def check_quantizable(weight: torch.Tensor, spec: QuantSpec, where: str) -> None:
@@ -37,7 +50,7 @@ def check_quantizable(weight: torch.Tensor, spec: QuantSpec, where: str) -> None
     group = spec.group_size
     scale = required_scales(w, spec.wtype, group, spec.zero_point)
     for bad, what in ((scale > FP16_SCALE_MAX, f"above float16's largest, {FP16_SCALE_MAX:g}"),
-                      ((scale > 0) & (scale < FP16_SCALE_MIN),
+                      ((scale > 0) & (scale < _smallest_scale(spec.wtype)),
                        f"below float16's smallest positive value, {FP16_SCALE_MIN:.3g}")):
         if bool(bad.any()):
             row, g = (int(i) for i in bad.nonzero()[0])

@@ -239,6 +239,19 @@ def test_scales_float16_cannot_hold_are_refused_with_the_group(wtype):
         QuantLinear.from_linear(tiny, wtype, 64)
 
 
+@pytest.mark.parametrize("wtype", ["float8_e6m1", "float8_e5m2"])
+def test_wide_float_types_take_the_smallest_scale_where_theirs_is_smaller(wtype):
+    """A small float whose range is wider than float16's scales can follow (e6m1's
+    largest value is 6.4e9) quantizes ordinary weights with float16's smallest scale: the
+    values still land on normal numbers of the type, so each keeps its relative precision."""
+    linear = _dense(torch.float32)
+    layer = QuantLinear.from_linear(linear, wtype, 64)
+    w = linear.weight.double()
+    rel = (layer.dequantize(torch.float64) - w).abs() / w.abs().clamp(min=1e-30)
+    bound = 2.0 ** -(1 + lowvm.dtype(wtype).mantissa_bits)
+    assert float(rel.max()) <= bound * 1.0001
+
+
 def test_weights_within_float16s_range_still_quantize():
     linear = _dense(torch.float32)
     with torch.no_grad():
