@@ -115,8 +115,6 @@ def _operand(vals: list[Val], op: Op, i: int) -> Val:
 
 def _scalar_val(op: Op, like: Val) -> Val:
     s = op.scalar
-    if isinstance(s, float) and not like.dtype.is_float and like.dtype.nbits > 24:
-        raise Invalid("a float scalar with an int32 tile is computed in float32 on the GPU")
     if like.dtype.is_float and _round(float(s), like.dtype) != float(s):
         raise Invalid(f"scalar {s} is not a {like.dtype.name} value")
     if not like.dtype.is_float and isinstance(s, int) and not (

@@ -148,8 +148,7 @@ def _scalars_for(dt: DType, nonzero: bool) -> list[Any]:
                if float(nm.round_to_type(np.array([s]), dt)[0]) == s]
     else:
         out = [s for s in _INT_SCALARS if nm.min_value(dt) <= s <= nm.max_value(dt)]
-        if dt.nbits <= 8:
-            out += list(_INT_FLOAT_SCALARS)
+        out += list(_INT_FLOAT_SCALARS)
     return [s for s in out if not (nonzero and s == 0)]
 
 

@@ -1,6 +1,7 @@
-"""Integer to float casts round once on the GPU, as the interpreter does (a fix for a
-difference the fuzzer's rounding-edge inputs expose: ``(float)v`` first rounds an int
-beyond 2^24 to float32, then the conversion to bf16 or a small float rounds again)."""
+"""Integers beyond 2^24 on the GPU round once, as the interpreter does: casts to bf16
+and the small floats (``(float)v`` first rounded to float32, then the conversion rounded
+again), and int32 arithmetic with a float scalar (computed in float32, which rounds the
+int before the op). Differences the fuzzer's rounding-edge inputs expose."""
 
 from __future__ import annotations
 
@@ -55,8 +56,9 @@ def test_the_generated_cuda_converts_ints_directly():
 def test_the_int_casts_compile_for_sm80_and_sm90():
     from lowvm.runtime import resource_usage
 
-    for dtype in TYPES:
-        source = lowvm.generate_cuda(_program(dtype)).source
+    programs = [_program(dtype) for dtype in TYPES] + [_scaled_program()]
+    for program in programs:
+        source = lowvm.generate_cuda(program).source
         for arch in ("sm_80", "sm_90"):
             assert resource_usage(source, arch)
 
@@ -72,4 +74,36 @@ def test_gpu_rounds_ints_once(dtype):
     lowvm.interpret(program, x, expected)
     y = torch.full((64,), -1.0, device="cuda")
     lowvm.compile(program)(torch.from_numpy(x).cuda(), y)
+    assert np.array_equal(y.cpu().numpy(), expected)
+
+
+def _scaled_program():
+    @vm.program(warps=1)
+    def scaled(x: vm.ptr[vm.int32], y: vm.ptr[vm.int32]):
+        vm.set_grid(1)
+        v = vm.load_global(vm.global_view(x, [64]), [0], [64], vm.spatial(32).local(2))
+        vm.store_global(vm.global_view(y, [64]), vm.maximum(v * 1.5, -2.5), [0])
+    return scaled.build()
+
+
+def test_int32_with_a_float_scalar_is_computed_exactly():
+    """``v * 1.5`` of an int32 tile: exact, rounded once to an integer (half to even);
+    the GPU computes it in double (float32 would round 2^25 + 1 first)."""
+    x = np.array([2**25 + 1, -(2**25 + 3), 7, -9] * 16, np.int32)
+    y = np.zeros(64, np.int32)
+    lowvm.interpret(_scaled_program(), x, y)
+    assert np.array_equal(y, np.maximum(np.rint(x.astype(np.float64) * 1.5), -2))
+    source = lowvm.generate_cuda(_scaled_program()).source
+    assert "__double2int_rn(" in source and "(double)(" in source
+
+
+@pytest.mark.gpu
+def test_gpu_int32_with_a_float_scalar():
+    import torch
+
+    x = np.array([2**25 + 1, -(2**25 + 3), 7, -9] * 16, np.int32)
+    expected = np.zeros(64, np.int32)
+    lowvm.interpret(_scaled_program(), x, expected)
+    y = torch.zeros(64, dtype=torch.int32, device="cuda")
+    lowvm.compile(_scaled_program())(torch.from_numpy(x).cuda(), y)
     assert np.array_equal(y.cpu().numpy(), expected)

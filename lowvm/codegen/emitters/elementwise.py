@@ -6,10 +6,11 @@ from __future__ import annotations
 from lowvm.codegen.context import CudaContext
 from lowvm.codegen.emitters.registry import register_emitter
 from lowvm.codegen.packed_math import emit_packed_elementwise
+from lowvm.dtypes import int32
 from lowvm.expr import const_value
 from lowvm.instructions.base import gather_map
 from lowvm.instructions.elementwise import COMPARISONS, Elementwise
-from lowvm.ir import ProgramError, RegisterTensor
+from lowvm.ir import BOOL, ProgramError, RegisterTensor
 
 __all__ = ["emit_elementwise"]
 
@@ -25,15 +26,22 @@ def emit_elementwise(inst: Elementwise, cg: CudaContext) -> None:
         or (not isinstance(a, RegisterTensor) and isinstance(const_value(a), float))
         for a in inst.args
     )
+    # an int32 result from float math (a float scalar): float32 would round ints
+    # beyond 2^24 before the op; double holds them and the scalar exactly
+    wide = (is_float and inst.op not in COMPARISONS and inst.out.dtype == int32)
     cg.line("#pragma unroll")
     with cg.block(f"for (int l = 0; l < {inst.out.layout.local_size}; ++l)"):
         values = []
         for a in inst.args:
             if isinstance(a, RegisterTensor):
-                values.append(cg.get(a, _local_of(cg, inst.out, a)))
+                value = cg.get(a, _local_of(cg, inst.out, a))
+                values.append(f"(double)({value})" if wide and a.dtype != BOOL else value)
             else:
-                values.append(cg.expr(a))
-        expr = _c_op(inst.op, values, is_float)
+                values.append(f"(double)({cg.expr(a)})" if wide else cg.expr(a))
+        expr = _c_op(inst.op, values, is_float, wide)
+        if wide:
+            cg.line(f"{cg.name(inst.out)}[l] = __double2int_rn({expr});")
+            return
         result_float = is_float and inst.op not in COMPARISONS
         cg.line(cg.set(inst.out, "l", expr, result_float))
 
@@ -53,11 +61,12 @@ def _local_of(cg: CudaContext, out: RegisterTensor, operand: RegisterTensor) -> 
     return f"{name}[l]"
 
 
-def _c_op(op: str, v: list[str], is_float: bool) -> str:
+def _c_op(op: str, v: list[str], is_float: bool, double: bool = False) -> str:
     f = is_float
+    d = "" if double else "f"  # fmax (double) or fmaxf (float)
     table = {
         "neg": lambda: f"-({v[0]})",
-        "abs": lambda: f"fabsf({v[0]})" if f else f"abs({v[0]})",
+        "abs": lambda: f"fabs{d}({v[0]})" if f else f"abs({v[0]})",
         "exp": lambda: f"expf({v[0]})",
         "sqrt": lambda: f"sqrtf({v[0]})",
         "add": lambda: f"({v[0]}) + ({v[1]})",
@@ -65,8 +74,8 @@ def _c_op(op: str, v: list[str], is_float: bool) -> str:
         "mul": lambda: f"({v[0]}) * ({v[1]})",
         "div": lambda: f"({v[0]}) / ({v[1]})",
         "mod": lambda: f"({v[0]}) % ({v[1]})",
-        "max": lambda: f"fmaxf({v[0]}, {v[1]})" if f else f"max({v[0]}, {v[1]})",
-        "min": lambda: f"fminf({v[0]}, {v[1]})" if f else f"min({v[0]}, {v[1]})",
+        "max": lambda: f"fmax{d}({v[0]}, {v[1]})" if f else f"max({v[0]}, {v[1]})",
+        "min": lambda: f"fmin{d}({v[0]}, {v[1]})" if f else f"min({v[0]}, {v[1]})",
         "lt": lambda: f"({v[0]}) < ({v[1]})",
         "le": lambda: f"({v[0]}) <= ({v[1]})",
         "gt": lambda: f"({v[0]}) > ({v[1]})",
@@ -74,6 +83,7 @@ def _c_op(op: str, v: list[str], is_float: bool) -> str:
         "eq": lambda: f"({v[0]}) == ({v[1]})",
         "ne": lambda: f"({v[0]}) != ({v[1]})",
         "where": lambda: f"({v[0]}) ? ({v[1]}) : ({v[2]})",
-        "fma": lambda: f"fmaf({v[0]}, {v[1]}, {v[2]})" if f else f"({v[0]}) * ({v[1]}) + ({v[2]})",
+        "fma": lambda: (f"fma{d}({v[0]}, {v[1]}, {v[2]})" if f
+                        else f"({v[0]}) * ({v[1]}) + ({v[2]})"),
     }
     return table[op]()
