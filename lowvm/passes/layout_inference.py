@@ -268,9 +268,11 @@ class _Solver:
         self.origin: dict[RegisterTensor, _Origin] = {}
         self.definer: dict[RegisterTensor, Instruction] = {}
         self.unknown: list[RegisterTensor] = []
-        self._links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]] | None = None
+        self._links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction, str]]] | None \
+            = None
         self._granules: dict[RegisterTensor, int] = {}
-        self._shared_with: dict[RegisterTensor, dict[RegisterTensor, Fraction]] = {}
+        self._closures: dict[tuple[RegisterTensor, tuple[str, ...]],
+                             dict[RegisterTensor, Fraction]] = {}
         for inst in self.insts:
             out = inst.output()
             if isinstance(out, RegisterTensor) and out not in self.definer:
@@ -468,15 +470,16 @@ class _Solver:
 
     def granule(self, tile: RegisterTensor) -> int:
         """Elements a default run of ``tile`` must be a multiple of, so that every view
-        of a tile sharing its layout keeps whole values in each thread (3 bytes for
-        3-bit values; 2 int4 values for a view of int4 as bytes).
+        of a tile laid out with it keeps whole values in each thread (3 bytes for 3-bit
+        values; 2 int4 values for a view of int4 as bytes).
 
-        Layouts are shared along casts, assignments, elementwise ops (operands of the
-        result's shape) and views (which rescale a thread's run by the ratio of the
-        widths); the run is followed through all of them, both ways."""
+        Layouts are shared along casts, assignments and elementwise ops, and views
+        rescale a thread's run by the ratio of the widths; tiles met through a reduction
+        or a broadcast must be laid out alike, so their views count too. The run is
+        followed through all of them, both ways."""
         if tile in self._granules:
             return self._granules[tile]
-        ratio = self._sharing(tile)
+        ratio = self._closure(tile, ("exact", "runs"))
         granule = 1
         for inst in self.insts:
             if isinstance(inst, View) and inst.src in ratio:
@@ -488,53 +491,69 @@ class _Solver:
         self._granules[tile] = granule
         return granule
 
-    def _sharing(self, tile: RegisterTensor) -> dict[RegisterTensor, Fraction]:
-        """The tiles whose layout follows from ``tile``'s (casts, assignments, views,
-        elementwise ops of one shape, both ways), each with how many of its elements a
-        run of one element of ``tile`` holds."""
-        if tile in self._shared_with:
-            return self._shared_with[tile]
+    def _closure(self, tile: RegisterTensor, kinds: tuple[str, ...]
+                 ) -> dict[RegisterTensor, Fraction]:
+        """The tiles tied to ``tile`` by links of these kinds (see :meth:`_layout_links`),
+        each with how many of its elements a run of one element of ``tile`` holds."""
+        key = (tile, kinds)
+        if key in self._closures:
+            return self._closures[key]
         links = self._layout_links()
         ratio = {tile: Fraction(1)}
         queue = [tile]
         while queue:
             t = queue.pop()
-            for other, factor in links.get(t, ()):
-                if other not in ratio:
+            for other, factor, kind in links.get(t, ()):
+                if other not in ratio and kind in kinds:
                     ratio[other] = ratio[t] * factor
                     queue.append(other)
-        self._shared_with[tile] = ratio
+        self._closures[key] = ratio
         return ratio
 
-    def _default_order(self, tile: RegisterTensor) -> tuple[bool, int, int]:
+    def _default_order(self, tile: RegisterTensor) -> tuple[bool, int, int, int]:
         """Which source gets its default first (the largest key): one whose layout a
         reduction carries on (a reduction's result cannot give its source a layout
-        back), then the one whose views need the longest runs, then the largest (by
-        the largest tile sharing its layout: packed bytes count as their values)."""
-        sharing = self._sharing(tile)
+        back), then the largest (by the largest tile of its layout: packed bytes count
+        as their values), then the one whose views need the longest runs, then the
+        largest of the tiles met through reductions and broadcasts."""
+        sharing = self._closure(tile, ("exact",))
         feeds_reduce = any(isinstance(inst, Reduce) and inst.src in sharing
                            for inst in self.insts)
-        return feeds_reduce, self.granule(tile), max(math.prod(t.shape) for t in sharing)
+        family = self._closure(tile, ("exact", "runs", "wide"))
+        return (feeds_reduce, max(math.prod(t.shape) for t in sharing), self.granule(tile),
+                max(math.prod(t.shape) for t in family))
 
-    def _layout_links(self) -> dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]]:
-        """For each tile, the tiles whose layout follows from its own and how many of
-        their elements a run of one of its elements holds."""
+    def _layout_links(self) -> dict[RegisterTensor, list[tuple[RegisterTensor, Fraction, str]]]:
+        """For each tile, the tiles whose layout is tied to its own, how many of their
+        elements a run of one of its elements holds, and how: ``exact`` (the same
+        layout, up to a view's rescaling), ``runs`` (one is the other's reduction or
+        broadcast along the leading dims: the last dim's runs are the same) or ``wide``
+        (along the last dim: only which threads hold the rows is shared)."""
         if self._links is not None:
             return self._links
-        links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction]]] = {}
+        links: dict[RegisterTensor, list[tuple[RegisterTensor, Fraction, str]]] = {}
 
-        def link(a: RegisterTensor, b: RegisterTensor, factor: Fraction) -> None:
-            links.setdefault(a, []).append((b, factor))
-            links.setdefault(b, []).append((a, 1 / factor))
+        def link(a: RegisterTensor, b: RegisterTensor, factor: Fraction, kind: str) -> None:
+            links.setdefault(a, []).append((b, factor, kind))
+            links.setdefault(b, []).append((a, 1 / factor, kind))
+
+        def kind_of(small: RegisterTensor, big: RegisterTensor) -> str:
+            if small.shape == big.shape:
+                return "exact"
+            return "runs" if small.shape[-1] == big.shape[-1] else "wide"
         for inst in self.insts:
             if isinstance(inst, (Cast, Assign)) and not getattr(inst, "relayout", False):
-                link(inst.src, inst.out, Fraction(1))
+                link(inst.src, inst.out, Fraction(1), "exact")
             elif isinstance(inst, View):
-                link(inst.src, inst.out, Fraction(inst.src.dtype.nbits, inst.out.dtype.nbits))
+                link(inst.src, inst.out, Fraction(inst.src.dtype.nbits, inst.out.dtype.nbits),
+                     "exact")
             elif isinstance(inst, Elementwise):
-                for a in inst.args:
-                    if isinstance(a, RegisterTensor) and a.shape == inst.out.shape:
-                        link(a, inst.out, Fraction(1))
+                for a in inst.args:  # a broadcast operand has the result's layout reduced
+                    if isinstance(a, RegisterTensor):
+                        link(a, inst.out, Fraction(1), kind_of(a, inst.out))
+            elif isinstance(inst, Reduce):
+                link(inst.src, inst.out, Fraction(1),
+                     "wide" if kind_of(inst.out, inst.src) == "wide" else "runs")
         self._links = links
         return links
 
