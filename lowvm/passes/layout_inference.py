@@ -475,11 +475,12 @@ class _Solver:
 
         Layouts are shared along casts, assignments and elementwise ops, and views
         rescale a thread's run by the ratio of the widths; tiles met through a reduction
-        or a broadcast must be laid out alike, so their views count too. The run is
-        followed through all of them, both ways."""
+        or a broadcast must spread their rows over the threads alike, hence hold runs
+        alike, so their views count too. The run is followed through all of them, both
+        ways."""
         if tile in self._granules:
             return self._granules[tile]
-        ratio = self._closure(tile, ("exact", "runs"))
+        ratio = self._closure(tile, ("exact", "runs", "wide"))
         granule = 1
         for inst in self.insts:
             if isinstance(inst, View) and inst.src in ratio:
