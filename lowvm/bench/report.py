@@ -203,6 +203,10 @@ def _outcome_tables(doc: dict[str, Any]) -> list[str]:
     lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
     if doc.get("totals"):
         lines.append("Totals: " + ", ".join(f"{k} {v}" for k, v in doc["totals"].items()))
+    scalars = {k: v for k, v in (doc.get("summary") or {}).items()
+               if isinstance(v, (int, float, str)) and k != "ok"}
+    if scalars:
+        lines.append("Summary: " + ", ".join(f"{k} {v}" for k, v in scalars.items()))
     rows = doc.get("rows") or []
     if rows:
         header = list(dict.fromkeys(k for r in rows for k in r
