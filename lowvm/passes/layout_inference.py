@@ -511,18 +511,22 @@ class _Solver:
         self._closures[key] = ratio
         return ratio
 
-    def _default_order(self, tile: RegisterTensor) -> tuple[bool, int, int, int]:
+    def _default_order(self, tile: RegisterTensor) -> tuple[bool, bool, int, int, int]:
         """Which source gets its default first (the largest key): one whose layout a
-        reduction carries on (a reduction's result cannot give its source a layout
-        back), then the largest (by the largest tile of its layout: packed bytes count
-        as their values), then the one whose views need the longest runs, then the
-        largest of the tiles met through reductions and broadcasts."""
+        view between widths passes on (a view keeps whole values only for some runs:
+        the others adapt to it), then one whose layout a reduction carries on (a
+        reduction's result cannot give its source a layout back), then the largest
+        (by the largest tile of its layout: packed bytes count as their values), then
+        the one whose views need the longest runs, then the largest of the tiles met
+        through reductions and broadcasts."""
         sharing = self._closure(tile, ("exact",))
+        viewed = any(isinstance(inst, View) and inst.src in sharing
+                     and inst.src.dtype.nbits != inst.out.dtype.nbits for inst in self.insts)
         feeds_reduce = any(isinstance(inst, Reduce) and inst.src in sharing
                            for inst in self.insts)
         family = self._closure(tile, ("exact", "runs", "wide"))
-        return (feeds_reduce, max(math.prod(t.shape) for t in sharing), self.granule(tile),
-                max(math.prod(t.shape) for t in family))
+        return (viewed, feeds_reduce, max(math.prod(t.shape) for t in sharing),
+                self.granule(tile), max(math.prod(t.shape) for t in family))
 
     def _layout_links(self) -> dict[RegisterTensor, list[tuple[RegisterTensor, Fraction, str]]]:
         """For each tile, the tiles whose layout is tied to its own, how many of their
