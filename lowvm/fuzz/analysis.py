@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lowvm.dtypes import DType
+from lowvm.dtypes import DType, float32, int32
 from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.spec import BINARY, COMPARE, REDUCE, UNARY, Input, Op, Spec
 
@@ -268,8 +268,6 @@ def dot_operand_vals(spec: Spec) -> tuple[Val, Val]:
 
 
 def _acc_val(spec: Spec) -> Val:
-    from lowvm.dtypes import float32, int32
-
     a, b = dot_operand_vals(spec)
     if a.dtype.name not in ("float16", "bfloat16", "int8", "uint8"):
         raise Invalid(f"dot: {a.dtype.name} operands are not supported")

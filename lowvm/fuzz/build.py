@@ -16,9 +16,10 @@ from typing import Any
 import lowvm.lang as vm
 from lowvm.dtypes import DType, float32, int8, int32, uint8
 from lowvm.fuzz import numerics as nm
+from lowvm.fuzz.analysis import analyze
 from lowvm.fuzz.spec import Input, Layout, Op, Spec, dumps
 from lowvm.ir import Program
-from lowvm.layouts import RegisterLayout, reduce
+from lowvm.layouts import RegisterLayout, permute, reduce
 from lowvm.layouts.mma_tiling import block_mma_layouts
 
 __all__ = ["build_program", "storage_type", "is_packed", "program_name", "mma_shape",
@@ -279,8 +280,6 @@ class _Tracer:
         bi = vm.block_index(0)
         r0 = bi * bm
         shape = _final_shape(spec)
-        from lowvm.fuzz.analysis import analyze
-
         acc_type = analyze(spec)[-2].dtype
         acc_shape = {"full": [bm, bn], "row": [bm, 1], "col": [1, bn]}[shape]
         acc = vm.register_tensor(acc_type, acc_shape, _shaped(self.full, shape), init=0)
@@ -358,8 +357,6 @@ class _Tracer:
             if sb is not None:
                 tb = vm.load_shared(sb, lay.b if lay else None)
             if sw is not None:
-                from lowvm.layouts import permute
-
                 tb = vm.transpose(vm.load_shared(sw, permute(lay.b, [1, 0]) if lay else None))
             vm.dot(ta, tb, acc, out=acc)
             if sa is not None or sb is not None or sw is not None:
@@ -384,8 +381,6 @@ class _Tracer:
 
 
 def _final_shape(spec: Spec) -> str:
-    from lowvm.fuzz.analysis import analyze
-
     return analyze(spec)[-1].shape
 
 

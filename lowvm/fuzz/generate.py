@@ -502,11 +502,9 @@ class Arrays:
 
 def output_geometry(spec: Spec) -> tuple[int, int]:
     """``(rows, cols)`` of the output tensor's elements (before the row pitch)."""
-    from lowvm.fuzz.analysis import analyze as _analyze
-
     m, n, k = spec.extent
     bm, bn = spec.tile
-    shape = _analyze(spec)[-1].shape
+    shape = analyze(spec)[-1].shape
     if spec.family == "loop":
         gm = -(-m // bm)
         return {"full": (m, bn), "row": (m, 1), "col": (gm, bn)}[shape]
