@@ -5,11 +5,11 @@ Random valid VM programs (:mod:`lowvm.fuzz.generate`, described by
 reference (:mod:`lowvm.fuzz.reference`), through ptxas, and on the GPU against the
 interpreter (:mod:`lowvm.fuzz.check`); failures shrink (:mod:`lowvm.fuzz.shrink`) to
 regression cases. It sits above :mod:`lowvm.lang` and :mod:`lowvm.driver`; nothing in
-lowvm imports it.
+lowvm imports it. A run: :func:`lowvm.fuzz.run.run` with a
+:class:`lowvm.fuzz.run.FuzzConfig`.
 """
 
 from lowvm.fuzz.generate import generate
-from lowvm.fuzz.run import FuzzConfig, run
 from lowvm.fuzz.spec import Spec, spec_from_json, spec_to_json
 
-__all__ = ["generate", "run", "FuzzConfig", "Spec", "spec_from_json", "spec_to_json"]
+__all__ = ["generate", "Spec", "spec_from_json", "spec_to_json"]
