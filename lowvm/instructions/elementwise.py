@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lowvm.expr import Expr
+from lowvm.expr import Expr, const_value
 from lowvm.instructions.base import BlockState, Instruction, gather_map, register_instruction
 from lowvm.instructions.values import quantize
 from lowvm.ir import BOOL, RegisterTensor
@@ -107,6 +107,12 @@ class Elementwise(Instruction):
             raise self.error(f"{self.op} needs a float type, got {operand_type.name}")
         if self.op in _INT_ONLY and operand_type.is_float:
             raise self.error(f"{self.op} needs an integer type, got {operand_type.name}")
+        if self.op in _INT_ONLY:
+            floats = [a for a in self.args if not isinstance(a, RegisterTensor)
+                      and isinstance(const_value(a), float)]
+            if floats:  # C's % takes integers only: the GPU code could not compile
+                raise self.error(f"{self.op} needs integer operands, got the float scalar "
+                                 f"{floats[0]}; accepted: integer tiles and integer scalars")
         expected = BOOL if self.op in COMPARISONS else operand_type
         if self.out.dtype != expected:
             raise self.error(f"result type must be {expected.name}, got {self.out.dtype.name}")

@@ -1200,3 +1200,17 @@ def test_load_uniform_reads_one_int32_and_refuses_outside():
 
     with pytest.raises(lowvm.LowvmError, match="load_uniform reads int32"):
         wrong.build()
+
+
+def test_mod_refuses_a_float_scalar():
+    """``%`` in the generated C takes integers only: a float scalar is refused when the
+    program is built (the CUDA would not compile), naming the value."""
+
+    @vm.program(warps=1)
+    def rem(x: vm.ptr[vm.int32], y: vm.ptr[vm.int32]):
+        vm.set_grid(1)
+        v = vm.load_global(vm.global_view(x, [32]), [0], [32], vm.spatial(32))
+        vm.store_global(vm.global_view(y, [32]), vm.mod(v, 2.5), [0])
+
+    with pytest.raises(lowvm.ProgramError, match="float scalar 2.5"):
+        rem.build()
