@@ -252,3 +252,40 @@ def test_missing_cuda_bindings_fails_at_the_first_driver_call() -> None:
     message = proc.stdout.strip()
     assert "cuda.bindings.driver.cuInit" in message and "'cuda-bindings'" in message
     assert message.endswith(CUDA_HINT)
+
+
+def _nvrtc_wheel() -> str | None:
+    """The NVRTC wheel installed here (a cuda12/cuda13 extra brings one), or None."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+        try:
+            return f"{name} {version(name)}"
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_nvrtc_wheel() is None,
+                    reason="no NVRTC wheel here (pip install 'lowvm[cuda13]' or 'lowvm[cuda12]')")
+def test_cuda_extra_compiles_the_library_without_a_toolkit(monkeypatch) -> None:
+    """What a cuda extra installs (cuda-bindings, the NVRTC wheel, the runtime headers
+    wheel) compiles the kernels on its own: the CUDA toolkit is hidden."""
+    import lowvm
+    from lowvm.driver import generate_cuda
+    from lowvm.kernels.decode_attention import decode_attention_rope
+    from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma
+    from lowvm.runtime import compiler
+    from tests.helpers.programs import EXAMPLES
+
+    monkeypatch.setattr(compiler, "_cuda_homes", lambda: [])
+    monkeypatch.setattr(compiler, "find_nvcc", lambda: None)
+    assert compiler.nvrtc_version() is not None, compiler.toolchain_summary()
+    assert compiler.cuda_include_dirs(), "no cuda_fp16.h outside the toolkit"
+    programs = [(t.build(**c), arch) for t, c in EXAMPLES.values() for arch in ("sm_80", "sm_90")]
+    programs += [(decode_attention_rope.build(kv_heads=8, group=4, head_dim=128, stages=3),
+                  "sm_90"), (quant_gemm_wgmma.build(wtype=lowvm.int4, group=128), "sm_90a")]
+    for program, arch in programs:
+        cubin = compiler.compile_cubin(generate_cuda(program).source, arch, compiler="nvrtc")
+        assert cubin.startswith(b"\x7fELF"), (program.name, arch)
