@@ -1,4 +1,5 @@
-"""Two-lane float16/bfloat16 arithmetic: ``__hadd2``/``__hsub2``/``__hmul2`` on pairs.
+"""Two-lane float16/bfloat16 arithmetic: ``__hadd2_rn``/``__hsub2_rn``/``__hmul2_rn`` on
+pairs.
 
 Why: an ``add``/``sub``/``mul`` of f16 tiles in the generic lowering converts each
 element to float, computes and rounds back (three instructions per element); the
@@ -7,7 +8,11 @@ consecutive locals of the result in one 32-bit register, one ``HMUL2`` does two.
 
 Exactness: the sum, difference or product of two f16 (or bf16) values, rounded once to
 the type, is what the interpreter computes (exact float64 arithmetic, one rounding), and
-what the IEEE ``.rn`` two-lane instructions compute. ``fma`` is left to the generic path.
+what the IEEE ``.rn`` two-lane instructions compute. The ``_rn`` intrinsics are the ones
+that say ``.rn``: plain ``__hmul2`` is ``mul.f16x2`` (and on sm_90 ``mul.bf16x2``), which
+ptxas may fuse with a following ``add`` into one ``fma`` rounded once, so ``acc + x * x``
+would skip the product's rounding the program asks for. ``fma`` is left to the generic
+path.
 
 Each operand pair must be either the operand's own aligned pair (one 32-bit load) or
 one element used twice (a broadcast, e.g. a group scale shared by neighbours along K).
@@ -22,7 +27,7 @@ from lowvm.ir import RegisterTensor
 
 __all__ = ["emit_packed_elementwise"]
 
-_OPS = {"add": "__hadd2", "sub": "__hsub2", "mul": "__hmul2"}
+_OPS = {"add": "__hadd2_rn", "sub": "__hsub2_rn", "mul": "__hmul2_rn"}
 _PAIR = {float16: ("__half2", "__half2half2"), bfloat16: ("__nv_bfloat162", "__bfloat162bfloat162")}
 
 

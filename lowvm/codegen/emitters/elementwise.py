@@ -1,12 +1,18 @@
 """CUDA of elementwise arithmetic (:mod:`lowvm.instructions.elementwise`): packed
-half2/bfloat162 math where :mod:`lowvm.codegen.packed_math` applies, else per element."""
+half2/bfloat162 math where :mod:`lowvm.codegen.packed_math` applies, else per element.
+
+Every result is rounded to its type, as in the interpreter: float32 ``add``/``sub``/``mul``
+are written ``__fadd_rn``/``__fsub_rn``/``__fmul_rn``, which the compiler never fuses into
+an ``fma`` with a neighbouring multiply or add (``a * b`` then ``+ c`` would otherwise
+become one ``FFMA`` that skips the product's rounding). Results of narrower float types
+are computed in float and converted, and the conversion already keeps them apart."""
 
 from __future__ import annotations
 
 from lowvm.codegen.context import CudaContext
 from lowvm.codegen.emitters.registry import register_emitter
 from lowvm.codegen.packed_math import emit_packed_elementwise
-from lowvm.dtypes import int32
+from lowvm.dtypes import float32, int32
 from lowvm.expr import const_value
 from lowvm.instructions.base import gather_map
 from lowvm.instructions.elementwise import COMPARISONS, Elementwise
@@ -38,7 +44,7 @@ def emit_elementwise(inst: Elementwise, cg: CudaContext) -> None:
                 values.append(f"(double)({value})" if wide and a.dtype != BOOL else value)
             else:
                 values.append(f"(double)({cg.expr(a)})" if wide else cg.expr(a))
-        expr = _c_op(inst.op, values, is_float, wide)
+        expr = _c_op(inst.op, values, is_float, wide, rn=inst.out.dtype == float32)
         if wide:
             cg.line(f"{cg.name(inst.out)}[l] = __double2int_rn({expr});")
             return
@@ -61,8 +67,15 @@ def _local_of(cg: CudaContext, out: RegisterTensor, operand: RegisterTensor) -> 
     return f"{name}[l]"
 
 
-def _c_op(op: str, v: list[str], is_float: bool, double: bool = False) -> str:
+#: float32 arithmetic that the compiler may not contract into an fma
+_ROUNDED = {"add": "__fadd_rn", "sub": "__fsub_rn", "mul": "__fmul_rn"}
+
+
+def _c_op(op: str, v: list[str], is_float: bool, double: bool = False,
+          rn: bool = False) -> str:
     f = is_float
+    if rn and f and not double and op in _ROUNDED:
+        return f"{_ROUNDED[op]}({v[0]}, {v[1]})"
     d = "" if double else "f"  # fmax (double) or fmaxf (float)
     table = {
         "neg": lambda: f"-({v[0]})",
