@@ -1,15 +1,27 @@
 """Choose each layer's type so that the model fits an average number of bits per weight
-with the least total output error.
+with the least estimated damage to the model's output.
 
 Each layer ``l`` and candidate type ``c`` has a size ``bytes[l, c]`` (what the
 :class:`~lowvm.nn.quant_linear.QuantLinear` stores: packed codes, float16 scales, zero
 points, the act-order permutation; the bias is left out, as it is the same for every
-type) and an error ``err[l, c] = tr(ΔW H ΔWᵀ)``, the Hessian-weighted output error of the
-layer quantized to ``c``. The plan minimises ``Σ err`` subject to
-``8 · Σ bytes ≤ bits · Σ weights``: a multiple-choice knapsack, solved exactly by dynamic
-programming over sizes discretised in steps that depend only on the layers (never on the
-budget), each size rounded *up* to a step beyond the layer's smallest candidate. So the
-plan never exceeds the budget, and a looser budget never gives a higher total error.
+type) and an error ``err[l, c]``. The planner's error is one of two *sensitivities*:
+
+- ``"fisher"`` (the default of ``quantize_model``): the estimated increase of the KL
+  divergence of the model's next-token distribution, ``¼ Σ_j f_j (ΔW H ΔWᵀ)_jj`` nats per
+  token, where ``f_j`` is the mean squared gradient of the log-likelihood (of tokens drawn
+  from the model itself) with respect to the layer's output channel ``j``
+  (:func:`lowvm.nn.calibration.output_fisher`). Errors of different layers differ in how
+  much the rest of the network amplifies them (attention softmax, the residual stream's
+  norm, later blocks); the Fisher weights put them on one scale, so their sum is
+  meaningful.
+- ``"hessian"``: ``tr(ΔW H ΔWᵀ)``, the layer's own squared output error, which needs no
+  gradients but treats an error in every layer as equally costly.
+
+The plan minimises ``Σ err`` subject to ``8 · Σ bytes ≤ bits · Σ weights``: a
+multiple-choice knapsack, solved exactly by dynamic programming over sizes discretised in
+steps that depend only on the layers (never on the budget), each size rounded *up* to a
+step beyond the layer's smallest candidate. So the plan never exceeds the budget, and a
+looser budget never gives a higher total error.
 
 Budgets below every layer at its smallest candidate are refused; a budget at or above
 every layer at its largest candidate leaves each layer its lowest-error candidate (no
@@ -24,14 +36,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.spec import QuantSpec, weight_type
 
 __all__ = ["BudgetPlan", "PlanRow", "solve_budget", "check_budget", "layer_bytes",
-           "check_bits", "check_candidates", "DEFAULT_CANDIDATES"]
+           "check_bits", "check_candidates", "check_sensitivity", "layer_error",
+           "DEFAULT_CANDIDATES", "SENSITIVITIES"]
 
 DEFAULT_CANDIDATES = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
+#: what the planner sums over layers (see the module docstring)
+SENSITIVITIES = ("fisher", "hessian")
 _STEPS = 8192  # size resolution of the dynamic programme (steps over all layers' spreads)
 
 
@@ -60,6 +76,30 @@ def check_candidates(candidates: Any, where: str = "quantize_model") -> tuple[st
     return names
 
 
+def check_sensitivity(sensitivity: Any, where: str = "quantize_model") -> str:
+    """``sensitivity``: one of :data:`SENSITIVITIES`."""
+    if not isinstance(sensitivity, str) or sensitivity not in SENSITIVITIES:
+        raise QuantizationError(f"{where}: sensitivity must be one of {SENSITIVITIES} (what "
+                                f"the bit budget minimises); got {sensitivity!r}")
+    return sensitivity
+
+
+def layer_error(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor,
+                fisher: torch.Tensor | None = None) -> tuple[float, float]:
+    """``(planner error, tr(ΔW H ΔWᵀ))`` of replacing ``weight [N, K]`` by ``quantized``
+    (float64 sums). With ``fisher [N]`` (per output channel, see
+    :func:`lowvm.nn.calibration.output_fisher`) the planner error is the estimated KL
+    increase ``¼ Σ_j f_j (ΔW H ΔWᵀ)_jj``; without it, ``tr(ΔW H ΔWᵀ)`` itself."""
+    delta = (weight.detach().float() - quantized.detach().float()).double()
+    h = hessian.to(device=delta.device, dtype=torch.float64)
+    rows = ((delta @ h) * delta).sum(dim=1)
+    trace = float(rows.sum())
+    if fisher is None:
+        return trace, trace
+    f = fisher.to(device=rows.device, dtype=torch.float64)
+    return 0.25 * float((f * rows).sum()), trace
+
+
 def layer_bytes(in_features: int, out_features: int, spec: QuantSpec, act_order: bool) -> int:
     """Bytes a QuantLinear of ``spec`` stores for its weight (``weight_bytes()`` without the
     bias), computed on the meta device (nothing is allocated)."""
@@ -72,13 +112,15 @@ def layer_bytes(in_features: int, out_features: int, spec: QuantSpec, act_order:
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One layer's choice: its type, size and measured error."""
+    """One layer's choice: its type, size and measured error (the planner's measure, and
+    ``tr(ΔW H ΔWᵀ)``)."""
 
     name: str
     dtype: str
     weights: int  # number of weights (in x out)
     bytes: int
-    error: float
+    error: float  # what the planner summed: estimated KL ("fisher") or tr(ΔW H ΔWᵀ)
+    hessian_error: float | None = None  # tr(ΔW H ΔWᵀ), where it differs from ``error``
 
     @property
     def bits_per_weight(self) -> float:
@@ -92,8 +134,11 @@ class BudgetPlan:
     bits: float  # the budget asked for
     rows: list[PlanRow]
     candidates: tuple[str, ...]
-    #: every measured (bytes, error) per layer and candidate type
+    #: every measured (bytes, error) per layer and candidate type, error as the planner saw it
     options: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
+    sensitivity: str = "hessian"  # what ``error`` is (see the module docstring)
+    #: tr(ΔW H ΔWᵀ) per layer and candidate, where the planner's error is another measure
+    hessian_errors: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def bits_per_weight(self) -> float:
@@ -110,11 +155,21 @@ class BudgetPlan:
 
     def __str__(self) -> str:
         width = max([len("layer"), *(len(r.name) for r in self.rows)])
-        lines = [f"{'layer':<{width}}  {'type':<12} {'bits/weight':>11} {'error':>12}"]
-        lines += [f"{r.name:<{width}}  {r.dtype:<12} {r.bits_per_weight:>11.3f} "
-                  f"{r.error:>12.4g}" for r in self.rows]
-        lines.append(f"{'total':<{width}}  {'':<12} {self.bits_per_weight:>11.3f} "
-                     f"{self.total_error:>12.4g}   (budget {self.bits:g} bits/weight)")
+        fisher = self.sensitivity == "fisher"
+
+        def trace(r: PlanRow) -> float:
+            return r.error if r.hessian_error is None else r.hessian_error
+
+        head = f"{'layer':<{width}}  {'type':<12} {'bits/weight':>11}"
+        lines = [head + (f" {'est. KL':>11}" if fisher else "") + f" {'tr(ΔWHΔWᵀ)':>12}"]
+        for r in self.rows:
+            lines.append(f"{r.name:<{width}}  {r.dtype:<12} {r.bits_per_weight:>11.3f}"
+                         + (f" {r.error:>11.4g}" if fisher else "") + f" {trace(r):>12.4g}")
+        note = f"budget {self.bits:g} bits/weight" + (
+            "; est. KL: nats per token, what the plan minimises" if fisher else "")
+        lines.append(f"{'total':<{width}}  {'':<12} {self.bits_per_weight:>11.3f}"
+                     + (f" {self.total_error:>11.4g}" if fisher else "")
+                     + f" {sum(trace(r) for r in self.rows):>12.4g}   ({note})")
         return "\n".join(lines)
 
 
@@ -134,11 +189,15 @@ def check_budget(sizes: Mapping[str, Mapping[str, int]], weights: Mapping[str, i
 
 
 def solve_budget(options: Mapping[str, Mapping[str, tuple[int, float]]],
-                 weights: Mapping[str, int], bits: float, where: str = "quantize_model"
+                 weights: Mapping[str, int], bits: float, where: str = "quantize_model", *,
+                 sensitivity: str = "hessian",
+                 hessian_errors: Mapping[str, Mapping[str, float]] | None = None
                  ) -> BudgetPlan:
     """The least-total-error choice of one candidate per layer within ``bits`` per weight.
 
     ``options[layer][type] = (bytes, error)``; ``weights[layer]``: its number of weights.
+    ``sensitivity`` names what the errors are; ``hessian_errors[layer][type]`` (optional)
+    the ``tr(ΔW H ΔWᵀ)`` recorded beside them where they are another measure.
     """
     names = list(options)
     cands = [list(options[n]) for n in names]
@@ -174,10 +233,13 @@ def solve_budget(options: Mapping[str, Mapping[str, tuple[int, float]]],
     for i in reversed(range(len(names))):
         j = int(choice[i, b])
         b -= int(cost[i][j])
+        trace = None if hessian_errors is None else float(hessian_errors[names[i]][cands[i][j]])
         rows.append(PlanRow(names[i], cands[i][j], weights[names[i]], int(size[i][j]),
-                            float(error[i][j])))
+                            float(error[i][j]), trace))
     rows.reverse()
     plan = BudgetPlan(bits=bits, rows=rows, candidates=tuple(dict.fromkeys(
-        c for cs in cands for c in cs)), options={n: dict(options[n]) for n in names})
+        c for cs in cands for c in cs)), options={n: dict(options[n]) for n in names},
+        sensitivity=sensitivity,
+        hessian_errors={n: dict(hessian_errors[n]) for n in names} if hessian_errors else {})
     assert 8 * sum(r.bytes for r in rows) <= bits * total_weights
     return plan

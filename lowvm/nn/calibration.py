@@ -15,6 +15,10 @@ Linears outside the block list (``lm_head`` when not skipped, for instance) get 
 Hessian from one more forward pass of the whole model (blocks already processed) on the
 calibration inputs, after the last block. A linear that no input reached gets no Hessian
 (None): callers fall back to round to nearest for it.
+
+:func:`output_fisher` weighs each layer's output channels by how much the model's output
+distribution depends on them (what bit budgets need to compare errors across layers): one
+forward and backward pass of the whole dense model per calibration item.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch import nn
 
 from lowvm.nn.errors import QuantizationError
 
-__all__ = ["prepare_calibration", "find_blocks", "run_blocks", "HessianHook"]
+__all__ = ["prepare_calibration", "find_blocks", "run_blocks", "HessianHook", "output_fisher"]
 
 #: ``handle(hessians)`` gets ``{layer name: H [K, K] float32 or None}`` for the planned layers
 #: of one block (or of the layers outside the blocks) and says whether it changed the model.
@@ -297,3 +301,142 @@ def _bar(total: int, enabled: bool, desc: str) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit="block")
+
+
+def output_fisher(model: nn.Module, samples: list[dict[str, Any]], layers: Iterable[str], *,
+                  seed: int = 0, progress: bool = False, desc: str = "lowvm: output gradients",
+                  where: str = "quantize_model") -> dict[str, torch.Tensor | None]:
+    """Per output channel ``j`` of each named linear, ``f_j``: the mean over calibration
+    tokens of ``g_j²``, ``g = ∂ log p(y) / ∂(layer output)``, with every next token ``y``
+    drawn from the model's own prediction (a seeded generator, so the result repeats).
+
+    Why: ``f`` is the diagonal of the Fisher information of the model's output distribution
+    with respect to the layer's output, so a weight change ``ΔW`` moves the output by about
+    ``KL ≈ ¼ Σ_j f_j (ΔW H ΔWᵀ)_jj`` nats per token (``H = 2/n Σ x xᵀ``). Unlike
+    ``tr(ΔW H ΔWᵀ)`` alone, that is comparable across layers: it counts what the rest of the
+    network (attention softmax, the residual stream's norm, later blocks) does to an error.
+    Labels are sampled rather than taken from the text so that ``f`` measures the change of
+    the output distribution, whatever the model's loss on the calibration text.
+
+    One forward and backward pass of the whole model per calibration sequence (items of
+    several rows are split), parameters frozen (no weight gradients): memory is the autograd
+    activations of the whole model for one sequence, plus its logits' probabilities in
+    float32. The model is left as it was (eval mode meanwhile). A named layer whose output
+    no gradient reaches gets None.
+    """
+    _, blocks = find_blocks(model, where)
+    _check_token_ids(model, samples, where)
+    modules = dict(model.named_modules())
+    names = list(layers)
+    sums: dict[str, torch.Tensor] = {}
+    rows: dict[str, int] = dict.fromkeys(names, 0)
+    device = _model_device(model)
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def watch(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                rows[name] += output.numel() // output.shape[-1]
+                output.register_hook(lambda grad: _add_square(sums, name, grad))
+        return hook
+
+    def leaf(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The first block's hidden states become the leaf that gradients flow back to."""
+        if args:
+            return (args[0].detach().requires_grad_(), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": kwargs["hidden_states"].detach()
+                      .requires_grad_()}
+
+    handles = [modules[name].register_forward_hook(watch(name)) for name in names]
+    handles.append(blocks[0].register_forward_pre_hook(leaf, with_kwargs=True))
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    training = model.training
+    rows_of = [_sequences(sample) for sample in samples]
+    bar = _bar(sum(len(r) for r in rows_of), progress, desc)
+    try:
+        for p in frozen:
+            p.requires_grad_(False)
+        model.eval()
+        with torch.enable_grad():
+            for i, sequences in enumerate(rows_of):
+                for sample in sequences:
+                    try:
+                        output = _forward(model, sample, device)
+                    except (TypeError, ValueError, IndexError) as exc:
+                        raise QuantizationError(f"{where}: the model's forward refused "
+                                                f"calibration item {i} ({type(exc).__name__}: "
+                                                f"{exc})") from exc
+                    loss = _sampled_log_likelihood(_logits(output, where), sample, generator)
+                    del output
+                    loss.backward()
+                    if bar is not None:
+                        bar.update(1)
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p in frozen:
+            p.requires_grad_(True)
+        model.train(training)
+        if bar is not None:
+            bar.close()
+    result: dict[str, torch.Tensor | None] = {}
+    for name in names:
+        total = sums.get(name)
+        if total is not None and not bool(torch.isfinite(total).all()):
+            raise QuantizationError(f"{where}: the output gradients of layer {name!r} overflow "
+                                    f"{modules[name].weight.dtype} (non-finite); accepted: a "
+                                    "model whose backward pass stays finite, or "
+                                    "sensitivity='hessian' (no gradients)")
+        result[name] = None if total is None or rows[name] == 0 else total / rows[name]
+    return result
+
+
+def _sequences(sample: dict[str, Any]) -> list[dict[str, Any]]:
+    """``sample`` one row at a time: every tensor whose first dimension is the batch (that
+    of ``input_ids``, else of the first tensor) is sliced, other values are shared."""
+    lead = sample.get("input_ids")
+    if not isinstance(lead, torch.Tensor):
+        lead = next((v for v in sample.values() if isinstance(v, torch.Tensor) and v.dim()), None)
+    if lead is None or lead.dim() == 0 or lead.shape[0] <= 1:
+        return [sample]
+    batch = lead.shape[0]
+    return [{key: value[r:r + 1] if isinstance(value, torch.Tensor) and value.dim()
+             and value.shape[0] == batch else value for key, value in sample.items()}
+            for r in range(batch)]
+
+
+def _add_square(sums: dict[str, torch.Tensor], name: str, grad: torch.Tensor) -> None:
+    """Accumulate ``Σ g²`` per output channel in float32 (returns None: the gradient that
+    flows on is unchanged)."""
+    square = grad.detach().float().square().reshape(-1, grad.shape[-1]).sum(0)
+    if name in sums:
+        sums[name] += square
+    else:
+        sums[name] = square
+
+
+def _logits(output: Any, where: str) -> torch.Tensor:
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, (tuple, list)) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() < 2:
+        raise QuantizationError(f"{where}: the model's forward returned {_describe(output)}; "
+                                "output gradients need logits (an output with .logits, or a "
+                                "tuple led by them)")
+    return logits
+
+
+def _sampled_log_likelihood(logits: torch.Tensor, sample: Mapping[str, Any],
+                            generator: torch.Generator) -> torch.Tensor:
+    """``Σ log p(y)`` over the positions the attention mask keeps, every ``y`` drawn from
+    the model's own distribution at that position."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    with torch.no_grad():
+        flat = logp.detach().reshape(-1, logp.shape[-1]).exp()
+        labels = torch.multinomial(flat, 1, generator=generator).view(*logp.shape[:-1], 1)
+        del flat
+    picked = logp.gather(-1, labels).squeeze(-1)
+    mask = sample.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.shape == picked.shape:
+        picked = picked * mask.to(device=picked.device, dtype=picked.dtype)
+    return picked.sum()

@@ -28,12 +28,14 @@ from lowvm.nn.bit_budget import (
     check_bits,
     check_budget,
     check_candidates,
+    check_sensitivity,
     layer_bytes,
+    layer_error,
     solve_budget,
 )
-from lowvm.nn.calibration import find_blocks, prepare_calibration, run_blocks
+from lowvm.nn.calibration import find_blocks, output_fisher, prepare_calibration, run_blocks
 from lowvm.nn.errors import QuantizationError
-from lowvm.nn.gptq import gptq_quantize, proxy_error
+from lowvm.nn.gptq import gptq_quantize
 from lowvm.nn.quant_linear import QuantLinear
 from lowvm.nn.quantize import rounded_weight
 from lowvm.nn.spec import QuantSpec, make_spec
@@ -182,7 +184,8 @@ def quantize_model(model: nn.Module, dtype: Any = None, group_size: int | None =
                    progress: bool = True, *, method: str | None = None,
                    calibration: Iterable[Any] | None = None, act_order: bool = False,
                    damp: float = 0.01, bits: float | None = None,
-                   candidates: Iterable[Any] | None = None) -> QuantReport:
+                   candidates: Iterable[Any] | None = None,
+                   sensitivity: str | None = None) -> QuantReport:
     """Quantize every ``nn.Linear`` of ``model`` in place; return a report.
 
     ``dtype`` (default ``"int4"``) is one type for all layers, or ``{glob: type}`` matched
@@ -199,10 +202,14 @@ def quantize_model(model: nn.Module, dtype: Any = None, group_size: int | None =
 
     ``bits``: an average bits-per-weight budget (scales and zero points included, biases
     not) over the quantized layers, instead of ``dtype``: each layer gets one of
-    ``candidates`` (default int2..int8), chosen to minimise the summed Hessian-weighted
-    output error measured on ``calibration`` (GPTQ errors with ``method="gptq"``, round to
-    nearest errors with ``"rtn"``); ``report.plan`` holds the table (printed with
-    ``progress``).
+    ``candidates`` (default int2..int8), chosen to minimise the summed error measured on
+    ``calibration`` (of GPTQ with ``method="gptq"``, of round to nearest with ``"rtn"``);
+    ``report.plan`` holds the table (printed with ``progress``). ``sensitivity``:
+    ``"fisher"`` (the default) weighs each layer's output error by how much the model's
+    output distribution depends on it, estimating the KL increase (one forward and backward
+    pass of the whole model per calibration item, see :mod:`lowvm.nn.bit_budget`);
+    ``"hessian"`` sums the layers' ``tr(ΔW H ΔWᵀ)`` (no gradients: memory stays one block's
+    activations and Hessians).
     """
     skip = (skip,) if isinstance(skip, str) else tuple(skip or ())
     if method is None:
@@ -217,10 +224,11 @@ def quantize_model(model: nn.Module, dtype: Any = None, group_size: int | None =
                                 "method='gptq' (round to nearest has no column order)")
     if bits is not None:
         return _quantize_to_budget(model, bits, candidates, dtype, group_size, zero_point, skip,
-                                   progress, method, calibration, act_order, damp)
-    if candidates is not None:
-        raise QuantizationError(f"quantize_model: candidates={candidates!r} is only used "
-                                "with bits=...; give bits, or drop candidates")
+                                   progress, method, calibration, act_order, damp, sensitivity)
+    for name, value in (("candidates", candidates), ("sensitivity", sensitivity)):
+        if value is not None:
+            raise QuantizationError(f"quantize_model: {name}={value!r} is only used with "
+                                    f"bits=...; give bits, or drop {name}")
     dtype = "int4" if dtype is None else dtype
     if method == "rtn":
         if calibration is not None:
@@ -331,9 +339,12 @@ def _gptq_and_swap(model: nn.Module, plan: dict[str, QuantSpec], samples: list[d
 def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any,
                         group_size: int | None, zero_point: bool | None, skip: tuple[str, ...],
                         progress: bool, method: str, calibration: Any, act_order: bool,
-                        damp: float) -> QuantReport:
-    """Measure every candidate on every layer (one dense pass), plan, then quantize."""
+                        damp: float, sensitivity: Any) -> QuantReport:
+    """Measure every candidate on every layer (with ``"fisher"``, output gradients first:
+    one pass of the whole model; then one dense pass block by block), plan, then quantize.
+    """
     bits = check_bits(bits)
+    sensitivity = check_sensitivity("fisher" if sensitivity is None else sensitivity)
     if dtype is not None:
         raise QuantizationError(f"quantize_model: dtype={dtype!r} and bits={bits:g} both given;"
                                 " bits chooses each layer's type: drop dtype (the types to "
@@ -352,28 +363,41 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
     check_budget(sizes, weights, bits)
     samples = prepare_calibration(calibration)
     find_blocks(model)
+    fisher: dict[str, torch.Tensor | None] = {}
+    if sensitivity == "fisher":
+        fisher = output_fisher(model, samples, list(layers), progress=progress)
     options: dict[str, dict[str, tuple[int, float]]] = {}
+    traces: dict[str, dict[str, float]] = {}
 
     def measure(hessians: dict[str, torch.Tensor | None]) -> bool:
         for name, hessian in hessians.items():
             linear = modules[name]
             k = linear.in_features
             h = hessian if hessian is not None else torch.zeros(k, k, device=linear.weight.device)
-            options[name] = {}
+            # a layer no gradient reaches does not move the output: no error at any type
+            weight = None
+            if sensitivity == "fisher":
+                weight = fisher.get(name)
+                if weight is None:
+                    weight = torch.zeros(linear.out_features, device=linear.weight.device)
+            options[name], traces[name] = {}, {}
             for cand in names:
                 spec = plans[cand][0][name]
                 if method == "gptq" and hessian is not None:
-                    error = gptq_quantize(linear.weight, h, spec, act_order=act_order, damp=damp,
-                                          where=f"quantize_model: layer {name!r}").error
+                    quantized = gptq_quantize(linear.weight, h, spec, act_order=act_order,
+                                              damp=damp,
+                                              where=f"quantize_model: layer {name!r}").weight
                 else:
-                    rounded = rounded_weight(linear.weight, spec, f"layer {name!r}")
-                    error = proxy_error(linear.weight, rounded, h)
+                    quantized = rounded_weight(linear.weight, spec, f"layer {name!r}")
+                error, traces[name][cand] = layer_error(linear.weight, quantized, h, weight)
                 options[name][cand] = (sizes[name][cand], error)
         return False
 
     run_blocks(model, samples, list(layers), measure, progress=progress,
                desc="lowvm: measuring types")
-    budget = solve_budget({name: options[name] for name in layers}, weights, bits)
+    budget = solve_budget({name: options[name] for name in layers}, weights, bits,
+                          sensitivity=sensitivity,
+                          hessian_errors=traces if sensitivity == "fisher" else None)
     chosen = {name: plans[t][0][name] for name, t in budget.dtypes().items()}
     report = QuantReport(skipped=skipped, method=method, plan=budget)
     if method == "gptq":

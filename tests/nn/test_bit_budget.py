@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import lowvm
-from lowvm.nn.bit_budget import layer_bytes, solve_budget
+from lowvm.nn.bit_budget import layer_bytes, layer_error, solve_budget
+from lowvm.nn.calibration import output_fisher, prepare_calibration
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.quant_linear import QuantLinear
 from lowvm.nn.quantize import rounded_weight
@@ -131,6 +134,9 @@ def test_model_budget_with_gptq_is_respected_recorded_and_reloads(tmp_path, caps
     plan = report.plan
     assert report.method == "gptq" and plan is not None and report.layers_replaced == 14
     assert "bits/weight" in printed and "model.layers.1.mlp.down_proj" in printed
+    assert plan.sensitivity == "fisher" and "est. KL" in printed  # the default measure
+    assert set(plan.hessian_errors) == set(plan.options) and all(
+        r.hessian_error == plan.hessian_errors[r.name][r.dtype] for r in plan.rows)
     assert _stored_bits(model) <= 3.5 and _stored_bits(model) == pytest.approx(
         plan.bits_per_weight)
     assert len({r.dtype for r in plan.rows}) > 1  # 3.5 bits cannot be one of these types
@@ -162,8 +168,10 @@ def test_model_budget_with_round_to_nearest_spends_more_bits_for_less_error():
     for bits in (3.0, 5.0):
         model = tiny_llama()
         report = lowvm.quantize_model(model, bits=bits, calibration=_calibration(1),
-                                      group_size=64, method="rtn", progress=False)
+                                      group_size=64, method="rtn", sensitivity="hessian",
+                                      progress=False)
         assert report.method == "rtn" and not report.errors
+        assert report.plan.sensitivity == "hessian" and not report.plan.hessian_errors
         assert _stored_bits(model) <= bits
         results[bits] = report.plan
     assert results[5.0].total_error < results[3.0].total_error
@@ -190,6 +198,9 @@ def test_budget_argument_errors_change_nothing():
         ({"bits": 1.5, "calibration": cal, "group_size": 64}, "below the smallest plan"),
         ({"bits": 4, "calibration": cal, "method": "rtn", "act_order": True},
          "act_order=True needs method='gptq'"),
+        ({"bits": 4, "calibration": cal, "sensitivity": "kl"},
+         r"sensitivity must be one of \('fisher', 'hessian'\).*got 'kl'"),
+        ({"dtype": "int4", "sensitivity": "fisher"}, "sensitivity='fisher' is only used with bits"),
     ]
     for kwargs, needle in cases:
         with pytest.raises((QuantizationError, lowvm.DTypeError), match=needle):
@@ -197,3 +208,165 @@ def test_budget_argument_errors_change_nothing():
     assert not any(isinstance(m, QuantLinear) for m in model.modules())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert getattr(model.config, "quantization_config", None) is None
+
+
+# ---- the planner's sensitivity: output gradients (Fisher) against the Hessian error alone ----
+
+class _Block(torch.nn.Module):
+    """A residual linear block; ``unused`` is a layer the forward never calls."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(d, d, bias=False)
+        self.unused = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden + self.proj(hidden)
+
+
+class _LinearLM(torch.nn.Module):
+    """Embedding, residual linear blocks, a linear head: every layer's Jacobian to the logits
+    is a fixed matrix, so the Fisher diagonal has a closed form to test against."""
+
+    def __init__(self, vocab: int = 24, d: int = 8, blocks: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(5)
+        self.embed = torch.nn.Embedding(vocab, d)
+        self.layers = torch.nn.ModuleList(_Block(d) for _ in range(blocks))
+        self.head = torch.nn.Linear(d, vocab, bias=False)
+        with torch.no_grad():
+            for block in self.layers:
+                block.proj.weight.mul_(0.5)
+            self.head.weight.mul_(torch.linspace(0.5, 4.0, d))  # channels that matter unequally
+        self.double()
+
+    def get_input_embeddings(self) -> torch.nn.Module:
+        return self.embed
+
+    def forward(self, input_ids: torch.Tensor, use_cache: bool = False) -> Any:
+        hidden = self.embed(input_ids)
+        for block in self.layers:
+            hidden = block(hidden)
+        return SimpleNamespace(logits=self.head(hidden))
+
+
+def _exact_fisher(model: _LinearLM, samples: list[torch.Tensor]) -> dict[str, np.ndarray]:
+    """``E_y[g_j²]`` per output channel, averaged over positions, in closed form: for a
+    layer whose output reaches the logits through the matrix J, ``g = Jᵀ(e_y - p)`` so
+    ``E[g gᵀ] = Jᵀ (diag p - p pᵀ) J``; independent label draws add no cross terms."""
+    d = model.embed.embedding_dim
+    jac = {"head": np.eye(model.head.out_features)}
+    after = model.head.weight.detach().numpy()
+    for i in reversed(range(len(model.layers))):
+        jac[f"layers.{i}.proj"] = after
+        after = after @ (np.eye(d) + model.layers[i].proj.weight.detach().numpy())
+    with torch.no_grad():
+        probs = np.concatenate([model(ids).logits.softmax(-1).reshape(-1, jac["head"].shape[0])
+                                .numpy() for ids in samples])
+    out = {}
+    for name, j in jac.items():
+        cov = np.einsum("tv,vj->tj", probs, j ** 2) - np.einsum("tv,vj->tj", probs, j) ** 2
+        out[name] = cov.mean(axis=0)
+    return out
+
+
+def test_output_fisher_is_the_fisher_diagonal_of_the_models_own_distribution():
+    model = _LinearLM()
+    g = torch.Generator().manual_seed(3)
+    samples = [torch.randint(0, 24, (4, 32), generator=g) for _ in range(16)]
+    names = ["layers.0.proj", "layers.1.proj", "head", "layers.0.unused"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fisher = output_fisher(model, prepare_calibration(samples), names)
+    again = output_fisher(model, prepare_calibration(samples), names)
+    exact = _exact_fisher(model, samples)
+    assert fisher["layers.0.unused"] is None  # no gradient reaches a layer never called
+    for name in ("layers.0.proj", "layers.1.proj", "head"):
+        got = fisher[name].numpy()
+        assert torch.equal(fisher[name], again[name])  # seeded: the same labels every time
+        # 2048 sampled labels: a few percent of sampling noise, far below what a wrong
+        # weighting (labels from the text, no square, another normalisation) would give
+        assert got.sum() == pytest.approx(exact[name].sum(), rel=0.1)
+        if name != "head":  # a hidden channel's estimate pools every label's gradient
+            assert got == pytest.approx(exact[name], rel=0.2)
+            assert np.corrcoef(got, exact[name])[0, 1] > 0.95
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())
+    assert model.training
+
+
+def test_layer_error_weighs_each_output_row_by_its_fisher_entry():
+    rng = np.random.default_rng(0)
+    w, q = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    x = rng.normal(size=(40, 5))
+    h = 2 / 40 * x.T @ x
+    f = rng.random(6)
+    delta = w - q
+    rows = np.einsum("nk,kl,nl->n", delta, h, delta)
+    t = {k: torch.from_numpy(v).float() for k, v in (("w", w), ("q", q), ("h", h), ("f", f))}
+    kl, trace = layer_error(t["w"], t["q"], t["h"], t["f"])
+    assert kl == pytest.approx(0.25 * (f * rows).sum(), rel=1e-5)
+    assert trace == pytest.approx(rows.sum(), rel=1e-5)
+    assert layer_error(t["w"], t["q"], t["h"]) == pytest.approx((rows.sum(), rows.sum()),
+                                                                rel=1e-5)
+
+
+def _kl_to(dense, model, samples) -> float:
+    """Mean KL(dense || model) of the next-token distributions, in float64."""
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids in samples:
+            p = dense(input_ids=ids).logits.double().log_softmax(-1)
+            q = model(input_ids=ids).logits.double().log_softmax(-1)
+            total += float((p.exp() * (p - q)).sum())
+            count += ids.numel()
+    return total / count
+
+
+@pytest.mark.slow
+def test_fisher_gives_the_bits_to_the_layer_the_output_depends_on():
+    """Two down projections of one shape: ``hidden`` (block 1) writes only hidden channels
+    the final norm zeroes, with weights scaled up so its Hessian error is the larger;
+    ``seen`` (block 0) feeds everything after it. Only one of them can have int8."""
+    dense = tiny_llama(seed=1)
+    with torch.no_grad():
+        half = dense.config.hidden_size // 2
+        dense.model.norm.weight[:half] = 0  # the logits never see channels [0, half)
+        hidden = dense.model.layers[1].mlp.down_proj
+        hidden.weight[half:] = 0
+        hidden.weight.mul_(4)
+    seen, unseen = "model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"
+    skip = [n for n, m in dense.named_modules() if isinstance(m, torch.nn.Linear)
+            and n not in (seen, unseen)]
+    cal = _calibration(2)
+    plans = {}
+    for sensitivity in ("hessian", "fisher"):
+        model = tiny_llama(seed=1)
+        model.load_state_dict(dense.state_dict())
+        report = lowvm.quantize_model(model, bits=5.3, calibration=cal, group_size=64,
+                                      candidates=("int2", "int8"), method="rtn", skip=skip,
+                                      sensitivity=sensitivity, progress=False)
+        plans[sensitivity] = report.plan
+    # what each layer alone at int2 really does to the output
+    truth = {}
+    for name in (seen, unseen):
+        model = tiny_llama(seed=1)
+        model.load_state_dict(dense.state_dict())
+        lowvm.quantize_model(model, dtype={name: "int2"}, group_size=64, progress=False)
+        truth[name] = _kl_to(dense, model, cal)
+    assert truth[seen] > 5 * truth[unseen]
+    hessian, fisher = plans["hessian"], plans["fisher"]
+
+    def damage(plan, name):  # what int8 instead of int2 saves, in the plan's own measure
+        return plan.options[name]["int2"][1] - plan.options[name]["int8"][1]
+
+    # the Hessian error alone ranks the layers the wrong way round and spends int8 there
+    assert damage(hessian, unseen) > damage(hessian, seen)
+    assert hessian.dtypes() == {seen: "int2", unseen: "int8"}
+    # the Fisher-weighted error follows the output, and so does the plan
+    assert damage(fisher, seen) > 5 * damage(fisher, unseen)
+    assert fisher.dtypes() == {seen: "int8", unseen: "int2"}
+    # same measured tr(ΔW H ΔWᵀ) behind both plans; the Fisher one estimates the real KL
+    assert fisher.hessian_errors[seen]["int2"] == pytest.approx(hessian.options[seen]["int2"][1])
+    est = fisher.options[seen]["int2"][1]
+    assert truth[seen] / 3 < est < 3 * truth[seen]
+    assert "est. KL" in str(fisher) and "est. KL" not in str(hessian)
