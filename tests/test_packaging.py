@@ -254,21 +254,24 @@ def test_missing_cuda_bindings_fails_at_the_first_driver_call() -> None:
     assert message.endswith(CUDA_HINT)
 
 
-def _nvrtc_wheel() -> str | None:
-    """The NVRTC wheel installed here (a cuda12/cuda13 extra brings one), or None."""
+def _installed_cuda_extra() -> str | None:
+    """``cuda12`` or ``cuda13`` where every package of that extra is installed at a
+    version it allows (torch's CUDA builds bring NVRTC without the bindings), else None."""
     from importlib.metadata import PackageNotFoundError, version
 
-    for name in ("nvidia-cuda-nvrtc", "nvidia-cuda-nvrtc-cu12"):
+    for extra in ("cuda13", "cuda12"):
+        wanted = {n: r for n, r in _declared(extra).items() if n not in _declared("torch")}
         try:
-            return f"{name} {version(name)}"
+            if all(r.specifier.contains(version(n), prereleases=True) for n, r in wanted.items()):
+                return extra
         except PackageNotFoundError:
             continue
     return None
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_nvrtc_wheel() is None,
-                    reason="no NVRTC wheel here (pip install 'lowvm[cuda13]' or 'lowvm[cuda12]')")
+@pytest.mark.skipif(_installed_cuda_extra() is None,
+                    reason="no cuda extra here (pip install 'lowvm[cuda13]' or 'lowvm[cuda12]')")
 def test_cuda_extra_compiles_the_library_without_a_toolkit(monkeypatch) -> None:
     """What a cuda extra installs (cuda-bindings, the NVRTC wheel, the runtime headers
     wheel) compiles the kernels on its own: the CUDA toolkit is hidden."""
