@@ -30,9 +30,11 @@ class ImportShell(nn.Module):
         self.fmt, self.name = fmt, name
         self.in_features, self.out_features = in_features, out_features
         where = f"layer {name!r}"
+        self.expected: dict[str, tuple[int, ...]] = {}
         for tensor, (shape, dtype) in fmt.tensors(in_features, out_features, present,
                                                   where).items():
             self.register_buffer(tensor, torch.empty(shape, dtype=dtype, device=device))
+            self.expected[tensor] = tuple(shape)
 
     def to_quant_linear(self) -> QuantLinear:
         """The layer, repacked from the loaded tensors."""
@@ -41,6 +43,15 @@ class ImportShell(nn.Module):
         if missing:
             raise CheckpointImportError(f"layer {self.name!r}: the checkpoint holds no "
                                         f"{', '.join(missing)} for it")
+        for tensor, shape in self.expected.items():  # transformers may load any shape
+            got = tuple(loaded[tensor].shape)
+            if got != shape:
+                raise CheckpointImportError(
+                    f"layer {self.name!r}: the checkpoint's {tensor} has shape {got}, but a "
+                    f"{self.fmt.method} layer of {self.fmt.bits} bits, group size "
+                    f"{self.fmt.group_size or 'per row'} and [{self.out_features}, "
+                    f"{self.in_features}] stores {shape}; does quantization_config match "
+                    "the tensors?")
         return self.fmt.to_quant_linear(loaded, self.in_features, f"layer {self.name!r}")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
