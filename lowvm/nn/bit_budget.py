@@ -21,7 +21,10 @@ The plan minimises ``Σ err`` subject to ``8 · Σ bytes ≤ bits · Σ weights`
 multiple-choice knapsack, solved exactly by dynamic programming over sizes discretised in
 steps that depend only on the layers (never on the budget), each size rounded *up* to a
 step beyond the layer's smallest candidate. So the plan never exceeds the budget, and a
-looser budget never gives a higher total error.
+looser budget never gives a higher total error. The step is the greatest common divisor
+of the size differences (or a multiple of it, beyond :data:`_STEPS` steps): layers of
+usual shapes then lose nothing to the rounding, so a budget equal to a uniform type's size
+can still choose that type everywhere.
 
 Budgets below every layer at its smallest candidate are refused; a budget at or above
 every layer at its largest candidate leaves each layer its lowest-error candidate (no
@@ -48,7 +51,7 @@ __all__ = ["BudgetPlan", "PlanRow", "solve_budget", "check_budget", "layer_bytes
 DEFAULT_CANDIDATES = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
 #: what the planner sums over layers (see the module docstring)
 SENSITIVITIES = ("fisher", "hessian")
-_STEPS = 8192  # size resolution of the dynamic programme (steps over all layers' spreads)
+_STEPS = 1 << 16  # most steps the dynamic programme spans (all layers' spreads together)
 
 
 def check_bits(bits: Any, where: str = "quantize_model") -> float:
@@ -211,7 +214,8 @@ def solve_budget(options: Mapping[str, Mapping[str, tuple[int, float]]],
     budget = math.floor(bits * total_weights / 8)
     base = sum(int(s.min()) for s in size)
     extra = [s - s.min() for s in size]
-    step = max(1, math.ceil(sum(int(e.max()) for e in extra) / _STEPS))
+    unit = max(1, int(np.gcd.reduce(np.concatenate(extra))))  # 0 where no layer has a choice
+    step = unit * max(1, math.ceil(sum(int(e.max()) for e in extra) / (unit * _STEPS)))
     cost = [-(-e // step) for e in extra]  # rounded up: the plan never exceeds the budget
     room = min((budget - base) // step, sum(int(c.max()) for c in cost))
     best = np.zeros(room + 1)  # best[b]: least error of the layers so far within b steps

@@ -331,7 +331,7 @@ def output_fisher(model: nn.Module, samples: list[dict[str, Any]], layers: Itera
     sums: dict[str, torch.Tensor] = {}
     rows: dict[str, int] = dict.fromkeys(names, 0)
     device = _model_device(model)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generators: dict[torch.device, torch.Generator] = {}  # one per device the logits are on
 
     def watch(name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -366,9 +366,18 @@ def output_fisher(model: nn.Module, samples: list[dict[str, Any]], layers: Itera
                         raise QuantizationError(f"{where}: the model's forward refused "
                                                 f"calibration item {i} ({type(exc).__name__}: "
                                                 f"{exc})") from exc
-                    loss = _sampled_log_likelihood(_logits(output, where), sample, generator)
+                    loss = _sampled_log_likelihood(_logits(output, where), sample, generators, seed)
                     del output
-                    loss.backward()
+                    try:
+                        loss.backward()
+                    except RuntimeError as exc:  # out of memory, or a layer with no backward
+                        raise QuantizationError(
+                            f"{where}: output gradients failed on calibration item {i} "
+                            f"({type(exc).__name__}: {str(exc).splitlines()[0]}); the "
+                            "'fisher' sensitivity needs a backward pass of the whole model "
+                            "(every layer differentiable, memory for one sequence's "
+                            "activations); accepted: such a model, or sensitivity='hessian'"
+                        ) from exc
                     if bar is not None:
                         bar.update(1)
     finally:
@@ -427,13 +436,17 @@ def _logits(output: Any, where: str) -> torch.Tensor:
 
 
 def _sampled_log_likelihood(logits: torch.Tensor, sample: Mapping[str, Any],
-                            generator: torch.Generator) -> torch.Tensor:
+                            generators: dict[torch.device, torch.Generator], seed: int
+                            ) -> torch.Tensor:
     """``Σ log p(y)`` over the positions the attention mask keeps, every ``y`` drawn from
     the model's own distribution at that position."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     with torch.no_grad():
         flat = logp.detach().reshape(-1, logp.shape[-1]).exp()
-        labels = torch.multinomial(flat, 1, generator=generator).view(*logp.shape[:-1], 1)
+        if flat.device not in generators:
+            generators[flat.device] = torch.Generator(device=flat.device).manual_seed(seed)
+        labels = torch.multinomial(flat, 1, generator=generators[flat.device])
+        labels = labels.view(*logp.shape[:-1], 1)
         del flat
     picked = logp.gather(-1, labels).squeeze(-1)
     mask = sample.get("attention_mask")

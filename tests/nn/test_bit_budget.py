@@ -25,13 +25,16 @@ from tests.helpers.models import tiny_llama
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
 
-def _options(seed: int, layers: int, cands: int, scale: int = 1):
-    """Random (bytes, error) per layer and candidate: more bytes, less error, as for types."""
+def _options(seed: int, layers: int, cands: int, scale: int = 1, jitter: bool = False):
+    """Random (bytes, error) per layer and candidate: more bytes, less error, as for types.
+    ``jitter``: sizes off by a few bytes, so that no common step divides them."""
     rng = np.random.default_rng(seed)
     options, weights = {}, {}
     for i in range(layers):
         n = int(rng.integers(1, 5)) * 64 * scale
         sizes = np.sort(rng.choice(np.arange(1, 20), cands, replace=False)) * n // 8
+        if jitter:
+            sizes = sizes + np.sort(rng.integers(0, 8, cands))
         errors = np.sort(rng.random(cands))[::-1] * rng.random() * 10
         options[f"l{i}"] = {f"t{j}": (int(sizes[j]), float(errors[j])) for j in range(cands)}
         weights[f"l{i}"] = n
@@ -66,11 +69,11 @@ def test_the_plan_is_the_brute_force_optimum_within_the_budget(seed):
 
 
 def test_a_looser_budget_never_gives_a_higher_error_and_always_fits():
-    options, weights = _options(7, layers=40, cands=6, scale=4096)  # sizes discretised
+    options, weights = _options(7, layers=40, cands=6, scale=4096, jitter=True)  # discretised
     total = sum(weights.values())
     lowest = 8 * sum(min(s for s, _ in o.values()) for o in options.values()) / total
     previous = None
-    for bits in np.linspace(lowest, 20, 60):
+    for bits in np.linspace(lowest, 20, 30):
         plan = solve_budget(options, weights, float(bits))
         assert plan.bits_per_weight <= bits
         if previous is not None:
@@ -78,6 +81,25 @@ def test_a_looser_budget_never_gives_a_higher_error_and_always_fits():
         previous = plan.total_error
     best = sum(min(e for _, e in o.values()) for o in options.values())
     assert previous == pytest.approx(best)  # an unbinding budget: each layer's least error
+
+
+def test_a_budget_of_exactly_a_uniform_types_size_can_choose_that_type_everywhere():
+    """Real layer shapes, each error ``weights · 4^-bits`` (convex in bits, the same curve
+    per weight for every layer): the best plan at int3's exact size is int3 everywhere."""
+    cands = ("int2", "int3", "int4", "int5", "int6", "int7", "int8")
+    shapes = [(512, 512), (512, 128), (512, 128), (512, 512), (512, 1536), (512, 1536),
+              (1536, 512)] * 8
+    options, weights = {}, {}
+    for i, (k, n) in enumerate(shapes):
+        weights[f"l{i}"] = k * n
+        options[f"l{i}"] = {c: (layer_bytes(k, n, make_spec(c, 128, None, k, n), False),
+                                k * n * 4.0 ** -int(c[3:])) for c in cands}
+    total = sum(weights.values())
+    for uniform in cands:
+        bits = 8 * sum(o[uniform][0] for o in options.values()) / total
+        plan = solve_budget(options, weights, bits)
+        assert set(plan.dtypes().values()) == {uniform}
+        assert plan.bits_per_weight == bits
 
 
 def test_budgets_below_the_smallest_plan_are_refused():
@@ -370,3 +392,19 @@ def test_fisher_gives_the_bits_to_the_layer_the_output_depends_on():
     est = fisher.options[seen]["int2"][1]
     assert truth[seen] / 3 < est < 3 * truth[seen]
     assert "est. KL" in str(fisher) and "est. KL" not in str(hessian)
+
+
+@pytest.mark.slow
+def test_fisher_through_a_layer_without_backward_is_a_lowvm_error_and_changes_nothing():
+    model = tiny_llama()
+    lowvm.quantize_model(model, dtype="int4", group_size=64, skip=["*q_proj"], progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(QuantizationError, match="output gradients failed.*sensitivity='hessian'"):
+        lowvm.quantize_model(model, bits=4, calibration=_calibration(1), group_size=64,
+                             progress=False)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert all(isinstance(model.get_submodule(f"model.layers.{i}.self_attn.q_proj"),
+                          torch.nn.Linear) for i in range(2))
+    report = lowvm.quantize_model(model, bits=4, calibration=_calibration(1), group_size=64,
+                                  sensitivity="hessian", progress=False)
+    assert set(report.plan.dtypes()) == {f"model.layers.{i}.self_attn.q_proj" for i in range(2)}
