@@ -375,11 +375,11 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
             k = linear.in_features
             h = hessian if hessian is not None else torch.zeros(k, k, device=linear.weight.device)
             # a layer no gradient reaches does not move the output: no error at any type
-            weight = None
+            channels = None
             if sensitivity == "fisher":
-                weight = fisher.get(name)
-                if weight is None:
-                    weight = torch.zeros(linear.out_features, device=linear.weight.device)
+                channels = fisher.get(name)
+                if channels is None:
+                    channels = torch.zeros(linear.out_features, device=linear.weight.device)
             options[name], traces[name] = {}, {}
             for cand in names:
                 spec = plans[cand][0][name]
@@ -389,7 +389,7 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
                                               where=f"quantize_model: layer {name!r}").weight
                 else:
                     quantized = rounded_weight(linear.weight, spec, f"layer {name!r}")
-                error, traces[name][cand] = layer_error(linear.weight, quantized, h, weight)
+                error, traces[name][cand] = layer_error(linear.weight, quantized, h, channels)
                 options[name][cand] = (sizes[name][cand], error)
         return False
 
