@@ -186,18 +186,7 @@ def test_interpret_and_generate_cuda_with_numpy_only() -> None:
     proc = _run_without(OPTIONAL, """
         import numpy as np
         import lowvm
-        import lowvm.lang as vm
-
-        @vm.program(warps=4)
-        def add(n: vm.int32, a: vm.ptr[vm.float32], b: vm.ptr[vm.float32],
-                c: vm.ptr[vm.float32], block: int = 256):
-            vm.set_grid(vm.cdiv(n, block))
-            ga, gb, gc = (vm.global_view(p, [n]) for p in (a, b, c))
-            start = [vm.block_index() * block]
-            layout = vm.spatial(128).local(block // 128)
-            x = vm.load_global(ga, start, [block], layout)
-            y = vm.load_global(gb, start, [block], layout)
-            vm.store_global(gc, x + y, start)
+        from lowvm.kernels.vector_add import vector_add as add
 
         a, b = np.random.default_rng(0).random((2, 300), dtype=np.float32)
         c = np.zeros(300, np.float32)
