@@ -423,4 +423,8 @@ def _record_config(model: nn.Module, report: QuantReport, dtype: Any, group_size
     modules = dict(previous.modules) if isinstance(previous, LowvmConfig) else {}
     modules.update(report.modules())
     config.quantization_config = LowvmConfig(dtype=dtype, group_size=group_size,
-                                             zero_point=zero_point, skip=skip, modules=modules)
+                                             zero_point=zero_point, skip=skip, modules=modules,
+                                             method=report.method)
+    from lowvm.nn.model_card import attach_model_card
+
+    attach_model_card(model)  # save_pretrained also writes the "needs import lowvm" card

@@ -92,3 +92,15 @@ def test_lowvm_dequantize_model_refuses_a_bad_dtype():
     with pytest.raises(QuantizationError, match="dtype=torch.int32"):
         lowvm.dequantize_model(model, torch.int32)
     assert isinstance(model[0], QuantLinear)
+
+
+def test_a_model_quantized_in_place_saves_its_card_and_method(tmp_path):
+    import json
+
+    model = tiny_llama()
+    lowvm.quantize_model(model, dtype="int4", group_size=64, progress=False)
+    model.save_pretrained(tmp_path)
+    card = (tmp_path / "README.md").read_text()
+    assert "only after `import lowvm`" in card and "random" in card
+    saved = json.loads((tmp_path / "config.json").read_text())["quantization_config"]
+    assert saved["method"] == "rtn" and saved["quant_method"] == "lowvm"
