@@ -23,6 +23,9 @@ _TARGET = "transformers.quantizers.auto"
 
 def register_now() -> None:
     """Import lowvm's quantizer (which registers itself); a failure only warns."""
+    importing = sys.modules.get("lowvm.nn.hf_quantizer")
+    if importing is not None and not hasattr(importing, "register"):
+        return  # its own import pulled transformers' registry in: it registers at its end
     try:
         from lowvm.nn import hf_quantizer
 

@@ -53,6 +53,7 @@ from transformers.quantizers.base import HfQuantizer
 
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.hf_config import METHOD, LowvmConfig
+from lowvm.nn.hf_tensor_parallel import TensorParallelHooks
 from lowvm.nn.swap import set_module as _set_module
 
 __all__ = ["LowvmConfig", "LowvmHfQuantizer", "QuantizeOnLoad", "register"]
@@ -117,7 +118,7 @@ class QuantizeOnLoad(ConversionOps):
         return {}
 
 
-class LowvmHfQuantizer(HfQuantizer):
+class LowvmHfQuantizer(TensorParallelHooks, HfQuantizer):
     """Builds lowvm layers for ``from_pretrained`` (see the module docstring)."""
 
     requires_calibration = False
@@ -162,102 +163,6 @@ class LowvmHfQuantizer(HfQuantizer):
             self.plan, _ = plan_layers(model, loaded=False, **config.quantize_kwargs())
         self._claim_tp_plan(model)
         return model
-
-    # ---------------------------------------------------------------- tensor parallelism
-
-    def _lowvm_layer_names(self, model: nn.Module) -> set[str]:
-        """Layers that are (or will be, once their weight is read) lowvm layers."""
-        from lowvm.nn.import_shell import ImportShell
-        from lowvm.nn.quant_linear import QuantLinear
-
-        names = {name for name, module in model.named_modules()
-                 if isinstance(module, QuantLinear | ImportShell)}
-        return names | set(self.plan) | set(self.imported)
-
-    def _claim_tp_plan(self, model: nn.Module, plan: dict[str, str] | None = None) -> None:
-        """Take the plan's entries for lowvm layers out of ``plan`` (the model's own, in
-        place), remembering their styles: lowvm splits those layers itself after loading."""
-        from lowvm.nn.tensor_parallel import STYLES, generic_name
-
-        plan = getattr(model, "tp_plan", None) if plan is None else plan
-        if not isinstance(plan, dict) or not plan:
-            return
-        lowvm = self._lowvm_layer_names(model)
-        if not lowvm:
-            return
-        modules = [name for name, _ in model.named_modules()]
-        for key, style in list(plan.items()):
-            matched = [name for name in modules if generic_name(name) == key or name == key]
-            mine = [name for name in matched if name in lowvm]
-            if not mine:
-                continue
-            others = [name for name in matched if name not in lowvm]
-            if others:
-                raise QuantizationError(
-                    f"tensor parallelism: the plan entry {key!r} covers lowvm layers "
-                    f"({mine[0]!r}, ...) and dense ones ({others[0]!r}, ...); lowvm splits its "
-                    "layers itself, so quantize all of them or none (LowvmConfig dtype/skip)")
-            if style not in STYLES:
-                raise QuantizationError(
-                    f"tensor parallelism: layer {mine[0]!r} is planned {style!r}, a split "
-                    f"lowvm layers do not take (accepted: {', '.join(STYLES)}); skip it in "
-                    "LowvmConfig(skip=...) to keep it dense")
-            self.tp_styles.update(dict.fromkeys(mine, style))
-            del plan[key]
-        model._lowvm_tp_styles = dict(self.tp_styles)
-
-    def update_tp_plan(self, config: Any) -> Any:
-        """transformers 5.17, before the model exists: which layers lowvm quantizes is
-        known only once it is built, so the plan is trimmed in
-        ``_process_model_before_weight_loading`` (before transformers applies it)."""
-        return config
-
-    def update_parallel_plan(self, model: nn.Module, plan: dict[str, str]) -> None:
-        """transformers 5.24: the model's plan without the entries of lowvm layers."""
-        parent = getattr(super(), "update_parallel_plan", None)
-        if parent is not None:
-            parent(model, plan)
-        self._claim_tp_plan(model, plan)
-
-    def _shard_now(self, model: nn.Module, name: str) -> None:
-        """Split lowvm layer ``name`` if the model is tensor-parallel and the plan names it."""
-        style = self.tp_styles.get(name)
-        group = _tp_group(model)
-        if style is None or group is None:
-            return
-        import torch.distributed as dist
-
-        from lowvm.nn.tensor_parallel import communication_hook, shard_quant_linear
-
-        layer = model.get_submodule(name)
-        self.tp_records[name] = layer.layer_config()
-        shard = shard_quant_linear(layer, style, dist.get_rank(group),
-                                   dist.get_world_size(group), name)
-        communication_hook(shard, style, group)
-        _set_module(model, name, shard)
-
-    def _shard_loaded(self, model: nn.Module) -> None:
-        """After loading: split every planned lowvm layer not split yet (all are checked
-        before any is replaced)."""
-        group = _tp_group(model)
-        if group is None or not self.tp_styles:
-            return
-        import torch.distributed as dist
-
-        from lowvm.nn.quant_linear import QuantLinear
-        from lowvm.nn.tensor_parallel import TensorParallelError, is_sharded, shard_problem
-
-        world = dist.get_world_size(group)
-        todo = [name for name in self.tp_styles
-                if isinstance(model.get_submodule(name), QuantLinear)
-                and not is_sharded(model.get_submodule(name))]
-        for name in todo:
-            problem = shard_problem(model.get_submodule(name), self.tp_styles[name], world)
-            if problem:
-                raise TensorParallelError(f"layer {name!r} cannot be split over {world} "
-                                          f"ranks: {problem}")
-        for name in todo:
-            self._shard_now(model, name)
 
     def param_needs_quantization(self, model: nn.Module, param_name: str, **kwargs: Any
                                  ) -> bool:
@@ -352,24 +257,6 @@ class LowvmHfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
-
-
-def _tp_group(model: nn.Module) -> Any:
-    """The tensor-parallel process group transformers set the model up with, or None.
-
-    5.17 keeps the TP mesh as ``model._device_mesh`` (a ``"tp"`` dimension when it has
-    several); 5.24 a mesh manager, ``model._mesh_manager.get_mesh("tp")``."""
-    size = getattr(model, "_tp_size", None)
-    if not isinstance(size, int) or size <= 1:
-        return None
-    manager = getattr(model, "_mesh_manager", None)
-    mesh = manager.get_mesh("tp") if manager is not None else getattr(model, "_device_mesh",
-                                                                       None)
-    if mesh is None:
-        return None
-    if mesh.ndim > 1:
-        mesh = mesh["tp"]
-    return mesh.get_group()
 
 
 def _build_lowvm_shells(model: nn.Module, entries: Mapping[str, Mapping[str, Any]]) -> None:
