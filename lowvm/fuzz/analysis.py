@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import lowvm.fuzz.numerics as nm
 from lowvm.dtypes import DType, float32, int32
-from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.spec import BINARY, COMPARE, REDUCE, UNARY, Input, Op, Spec
 
 __all__ = ["Val", "Invalid", "analyze", "apply_op", "input_val", "broadcast_shape",

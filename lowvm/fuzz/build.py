@@ -13,9 +13,9 @@ import hashlib
 import inspect
 from typing import Any
 
+import lowvm.fuzz.numerics as nm
 import lowvm.lang as vm
 from lowvm.dtypes import DType, float32, int8, int32, uint8
-from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.analysis import analyze
 from lowvm.fuzz.spec import Input, Layout, Op, Spec, dumps
 from lowvm.ir import Program

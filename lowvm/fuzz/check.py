@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+import lowvm.fuzz.numerics as nm
 from lowvm.errors import LowvmError
-from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.analysis import Invalid, analyze
 from lowvm.fuzz.build import build_program, is_packed, program_name
 from lowvm.fuzz.generate import POISON, POISON_BYTE, make_arrays, output_geometry

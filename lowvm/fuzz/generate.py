@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+import lowvm.fuzz.numerics as nm
 from lowvm.dtypes import DType
-from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.analysis import Invalid, Val, analyze, apply_op, input_val
 from lowvm.fuzz.build import is_packed, storage_type
 from lowvm.fuzz.spec import BINARY, COMPARE, REDUCE, Input, Layout, Op, Spec

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import lowvm.fuzz.numerics as nm
 from lowvm.dtypes import DType
-from lowvm.fuzz import numerics as nm
 from lowvm.fuzz.analysis import analyze
 from lowvm.fuzz.generate import Arrays, output_geometry
 from lowvm.fuzz.spec import Op, Spec
