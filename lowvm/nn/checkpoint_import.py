@@ -43,7 +43,8 @@ import torch
 
 from lowvm.nn.errors import CheckpointImportError
 from lowvm.nn.packing import unpack_rows
-from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.quant_linear import QuantLinear, bias_dtype_for
+from lowvm.nn.quantize import FP16_SCALE_MAX
 
 __all__ = ["from_gptq", "from_awq", "from_compressed_tensors", "AWQ_ORDER"]
 
@@ -130,7 +131,8 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
 
     layer = QuantLinear(k, n, f"uint{bits}", group_size, zero_point=True,
                         bias=bias is not None, act_order=perm is not None,
-                        device=qweight.device, bias_dtype=_bias_dtype(bias))
+                        device=qweight.device,
+                        bias_dtype=bias_dtype_for(getattr(bias, "dtype", None)))
     zeros = unpack_rows(_word_bytes(qzeros), bits, n).float()
     if checkpoint_format == "gptq":
         zeros = zeros + 1  # v1 stored zero - 1
@@ -170,7 +172,8 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                                     f" do not cover K={k}")
     _check_shape("qzeros", qzeros, (groups, n // 8), where)
     layer = QuantLinear(k, n, "uint4", k // groups, zero_point=True, bias=bias is not None,
-                        device=qweight.device, bias_dtype=_bias_dtype(bias))
+                        device=qweight.device,
+                        bias_dtype=bias_dtype_for(getattr(bias, "dtype", None)))
     codes = _awq_unpack(qweight).t().contiguous()  # [N, K]
     layer.set_codes(codes, scales, _awq_unpack(qzeros).to(torch.float16))
     if bias is not None and layer.bias is not None:
@@ -182,7 +185,7 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
 def _fp16_scales(scales: torch.Tensor, where: str) -> torch.Tensor:
     """Scales as float16, refusing what float16 cannot hold (bfloat16 checkpoints)."""
     s = scales.float()
-    if not bool(torch.isfinite(s).all()) or bool((s.abs() > 65504).any()):
+    if not bool(torch.isfinite(s).all()) or bool((s.abs() > FP16_SCALE_MAX).any()):
         raise CheckpointImportError(f"{where}: scales hold values float16 cannot store "
                                     f"(largest magnitude {float(s.abs().max()):.3g}); lowvm "
                                     "keeps float16 scales")
@@ -228,7 +231,8 @@ def from_compressed_tensors(weight_packed: torch.Tensor, weight_scale: torch.Ten
         wtype, zeros = f"uint{bits}", unpack_rows(zp_rows, bits, n).to(torch.float16)
     layer = QuantLinear(k, n, wtype, group_size, zero_point=not symmetric,
                         bias=bias is not None, act_order=perm is not None,
-                        device=weight_packed.device, bias_dtype=_bias_dtype(bias))
+                        device=weight_packed.device,
+                        bias_dtype=bias_dtype_for(getattr(bias, "dtype", None)))
     if perm is not None:
         codes = codes[:, perm.to(codes.device)]
     layer.set_codes(codes, _fp16_scales(weight_scale.t(), where), zeros, perm)
@@ -238,7 +242,3 @@ def from_compressed_tensors(weight_packed: torch.Tensor, weight_scale: torch.Ten
     return layer
 
 
-def _bias_dtype(bias: torch.Tensor | None) -> torch.dtype:
-    if bias is not None and bias.dtype in (torch.float16, torch.bfloat16):
-        return bias.dtype
-    return torch.float16

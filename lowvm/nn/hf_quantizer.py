@@ -61,15 +61,14 @@ __all__ = ["LowvmConfig", "LowvmHfQuantizer", "QuantizeOnLoad", "register"]
 
 def _shell(linear: nn.Linear, entry: Mapping[str, Any], name: str) -> nn.Module:
     """An empty QuantLinear of the recorded format, to be filled by the checkpoint."""
-    from lowvm.nn.quant_linear import QuantLinear
+    from lowvm.nn.quant_linear import QuantLinear, bias_dtype_for
 
-    dt = linear.weight.dtype
     return QuantLinear(linear.in_features, linear.out_features, entry["dtype"],
                        entry.get("group_size"), entry.get("zero_point"),
                        bias=bool(entry.get("bias", linear.bias is not None)),
                        act_order=bool(entry.get("act_order", False)),
                        device=linear.weight.device,
-                       bias_dtype=dt if dt in (torch.float16, torch.bfloat16) else torch.float16)
+                       bias_dtype=bias_dtype_for(linear.weight.dtype))
 
 
 def _check_recorded_format(shell: nn.Module, entry: Mapping[str, Any], name: str) -> None:
@@ -185,21 +184,11 @@ class LowvmHfQuantizer(TensorParallelHooks, HfQuantizer):
     def quantize_layer(self, model: nn.Module, name: str, weight: torch.Tensor) -> None:
         """Replace the planned linear ``name`` by a QuantLinear of ``weight``."""
         from lowvm.nn.quant_linear import QuantLinear
-        from lowvm.nn.quantize import quantize_weight
 
-        linear = model.get_submodule(name)
         spec = self.plan[name]
-        bias = linear.bias if linear.bias is not None and not linear.bias.is_meta else None
-        dt = weight.dtype
-        layer = QuantLinear(linear.in_features, linear.out_features, spec.wtype,
-                            spec.group_size, spec.zero_point, bias=linear.bias is not None,
-                            device=weight.device,
-                            bias_dtype=dt if dt in (torch.float16, torch.bfloat16)
-                            else torch.float16)
-        codes, scales, zeros = quantize_weight(weight, spec, f"layer {name!r}")
-        layer.set_codes(codes, scales, zeros)
-        if bias is not None and layer.bias is not None:
-            layer.bias.copy_(bias.detach())
+        layer = QuantLinear.from_weight(weight, spec.wtype, spec.group_size, spec.zero_point,
+                                        bias=model.get_submodule(name).bias,
+                                        where=f"layer {name!r}")
         _set_module(model, name, layer)
         self._shard_now(model, name)  # tensor-parallel: keep only this rank's shard
 

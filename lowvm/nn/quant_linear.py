@@ -46,7 +46,7 @@ from lowvm.nn.packed import PackedLinear, dequantize, unpack_codes
 from lowvm.nn.quantize import quantize_weight
 from lowvm.nn.spec import QuantSpec, make_spec
 
-__all__ = ["QuantLinear"]
+__all__ = ["QuantLinear", "bias_dtype_for"]
 
 _ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 _KEEP_DTYPE = ("scales", "zeros")  # quantization data: moved with the model, never re-cast
@@ -114,15 +114,27 @@ class QuantLinear(nn.Module):
         if weight.is_meta:
             raise QuantizationError("QuantLinear.from_linear: the linear's weight is on the "
                                     "meta device (not loaded yet); load the weights first")
-        bias_dtype = _bias_dtype(linear)
-        layer = cls(linear.in_features, linear.out_features, dtype, group_size, zero_point,
-                    bias=linear.bias is not None, device=weight.device, bias_dtype=bias_dtype)
-        where = f"layer {name!r}" if name else "QuantLinear.from_linear"
+        return cls.from_weight(weight, dtype, group_size, zero_point, bias=linear.bias,
+                               where=f"layer {name!r}" if name else "QuantLinear.from_linear")
+
+    @classmethod
+    @torch.no_grad()
+    def from_weight(cls, weight: torch.Tensor, dtype: Any = "int4",
+                    group_size: int | None = 128, zero_point: bool | None = None, *,
+                    bias: torch.Tensor | None = None, where: str = "QuantLinear.from_weight"
+                    ) -> QuantLinear:
+        """A layer quantizing the dense ``weight [out_features, in_features]`` (round to
+        nearest), on its device. ``bias``: copied in; a bias still on the meta device (not
+        loaded yet, as while transformers loads a checkpoint) gives the layer a zero bias
+        buffer to be loaded later. ``where`` names the layer in error messages."""
+        layer = cls(weight.shape[1], weight.shape[0], dtype, group_size, zero_point,
+                    bias=bias is not None, device=weight.device,
+                    bias_dtype=bias_dtype_for(weight.dtype))
         codes, scales, zeros = quantize_weight(weight, layer.spec, where)
         layer.set_codes(codes, scales, zeros)
-        if linear.bias is not None:
+        if bias is not None and not bias.is_meta:
             assert layer.bias is not None
-            layer.bias.copy_(linear.bias.detach())
+            layer.bias.copy_(bias.detach())
         return layer
 
     @property
@@ -325,10 +337,10 @@ class QuantLinear(nn.Module):
                 f"bias={self.bias is not None}, act_order={self.input_perm is not None}")
 
 
-def _bias_dtype(linear: nn.Linear) -> torch.dtype:
-    """The linear's float16/bfloat16 dtype; float32 layers get float16 biases."""
-    dt = linear.weight.dtype
-    return dt if dt in _ACTIVATION_DTYPES else torch.float16
+def bias_dtype_for(dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype a layer keeps its bias in, given the source's: float16 or bfloat16 as
+    they are, anything else (float32, none) float16."""
+    return dtype if dtype in _ACTIVATION_DTYPES else torch.float16
 
 
 def _describe(value: Any) -> str:
