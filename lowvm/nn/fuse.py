@@ -48,6 +48,7 @@ from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from lowvm.errors import LowvmError
 from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.swap import set_module
 
 __all__ = ["fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
            "concat_out_features", "concat_problem"]
@@ -713,8 +714,6 @@ def fuse_projections(model: nn.Module) -> FuseReport:
         _fuse_attention(attn)
         report.attention_fused += 1
     for name in mlps:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, _fuse_mlp(getattr(parent, child)))  # the old MLP is dropped
+        set_module(model, name, _fuse_mlp(model.get_submodule(name)))  # the old MLP is dropped
         report.mlps_fused += 1
     return report

@@ -39,6 +39,7 @@ from lowvm.nn.gptq import gptq_quantize
 from lowvm.nn.quant_linear import QuantLinear
 from lowvm.nn.quantize import rounded_weight
 from lowvm.nn.spec import QuantSpec, make_spec
+from lowvm.nn.swap import set_module
 
 __all__ = ["quantize_model", "QuantReport", "plan_layers", "name_matches"]
 
@@ -261,11 +262,6 @@ def _check_gptq_settings(act_order: Any, damp: Any) -> None:
                                 f"fraction of mean(diag H)); got {damp!r}")
 
 
-def _swap(model: nn.Module, modules: dict[str, nn.Module], name: str, layer: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    setattr(modules[parent_name] if parent_name else model, child, layer)
-
-
 def _account(report: QuantReport, name: str, linear: nn.Linear, layer: QuantLinear) -> None:
     report.bytes_before += sum(p.numel() * p.element_size()
                                for p in linear.parameters(recurse=False))
@@ -286,7 +282,7 @@ def _round_and_swap(model: nn.Module, plan: dict[str, QuantSpec], report: QuantR
                                             name=name)
         _account(report, name, linear, new[name])
     for name, layer in new.items():  # nothing above touched the model; now swap
-        _swap(model, modules, name, layer)
+        set_module(model, name, layer)
 
 
 def _gptq_layer(linear: nn.Linear, hessian: torch.Tensor, spec: QuantSpec, act_order: bool,
@@ -322,7 +318,7 @@ def _gptq_and_swap(model: nn.Module, plan: dict[str, QuantSpec], samples: list[d
             else:
                 layer, report.errors[name] = _gptq_layer(linear, hessian, spec, act_order,
                                                          damp, name)
-            _swap(model, modules, name, layer)
+            set_module(model, name, layer)
             swapped[name] = linear
             _account(report, name, linear, layer)
         return bool(hessians)
@@ -331,7 +327,7 @@ def _gptq_and_swap(model: nn.Module, plan: dict[str, QuantSpec], samples: list[d
         run_blocks(model, samples, list(plan), handle, progress=progress, desc="lowvm: GPTQ")
     except BaseException:
         for name, linear in swapped.items():
-            _swap(model, modules, name, linear)
+            set_module(model, name, linear)
         report.layers.clear()
         raise
 

@@ -40,6 +40,7 @@ from lowvm.nn.backend import IN_FEATURES_MULTIPLE, OUT_FEATURES_MULTIPLE
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.quant_linear import QuantLinear
 from lowvm.nn.spec import make_spec
+from lowvm.nn.swap import set_module
 
 __all__ = ["TensorParallelError", "STYLES", "shard_problem", "shard_quant_linear",
            "tensor_parallel", "model_tp_plan", "lowvm_styles", "AllReduceOutput",
@@ -383,8 +384,7 @@ def tensor_parallel(model: nn.Module, group: Any = None,
     for name, (style, sizes) in targets.items():
         shard = shard_quant_linear(model.get_submodule(name), style, rank, world, name, sizes)
         communication_hook(shard, style, group)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, shard)
+        set_module(model, name, shard)
         if style != "rowwise" and sizes is not None:
             _update_fused_records(model, name, world)
         done[name] = style
