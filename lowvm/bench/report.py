@@ -199,6 +199,39 @@ def _load_memory_tables(doc: dict[str, Any]) -> list[str]:
     return ["\n\n".join(lines)]
 
 
+def _tensor_parallel_tables(doc: dict[str, Any]) -> list[str]:
+    """A tensor-parallel document: decode tok/s per type, TP and batch, its ratio to TP = 1
+    and to float16, the weights each GPU holds and the all-reduce time of a step."""
+    summary = doc.get("summary") or {}
+    scaling, vs_fp16 = summary.get("scaling") or {}, summary.get("vs_float16") or {}
+    lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
+    shape = summary.get("shape") or {}
+    if shape:
+        lines.append("Model: " + ", ".join(f"{k} {v}" for k, v in shape.items()) + ".")
+    body = []
+    for r in doc.get("rows") or []:
+        key = f"tp{r.get('tp')}_batch{r.get('batch')}"
+        quantized = r.get("dtype") != "float16"
+        body.append([r.get("dtype"), r.get("tp"), r.get("batch"), _fixed(r.get("tok_s"), ".1f"),
+                     _fixed(r.get("step_ms"), ".2f"),
+                     _fixed(scaling.get(key), ".2f") if quantized else "",
+                     _fixed(vs_fp16.get(key), ".2f") if quantized else "",
+                     _fixed(r.get("mem_gib_per_gpu"), ".1f"),
+                     _fixed(r.get("allreduce_ms_per_step"), ".3f"),
+                     r.get("allreduces_per_step", ""),
+                     str(r.get("skipped") or r.get("error") or "").replace("|", "/")[:100]])
+    lines.append(markdown_table(["type", "TP", "batch", "decode tok/s", "step ms", "x TP 1",
+                                 "x float16", "GiB per GPU", "all-reduce ms / step",
+                                 "all-reduces / step", "note"], body))
+    goals = summary.get("goals") or {}
+    if goals:
+        lines.append("Goals: " + "; ".join(
+            f"{name} {_fixed(g.get('value'), '.2f') or 'not measured'} (target "
+            f"{g.get('target')}: {'met' if g.get('met') else 'not met'})"
+            for name, g in goals.items()) + ".")
+    return ["\n\n".join(lines)]
+
+
 def _outcome_tables(doc: dict[str, Any]) -> list[str]:
     lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
     if doc.get("totals"):
@@ -235,6 +268,8 @@ def render_doc(doc: dict[str, Any], source: str = "") -> str:
         tables = _quality_tables(doc)
     elif doc.get("scenario") == "load-memory":
         tables = _load_memory_tables(doc)
+    elif doc.get("scenario") == "tensor-parallel":
+        tables = _tensor_parallel_tables(doc)
     else:
         tables = _outcome_tables(doc)
     head = f"### {doc.get('scenario', '?')}\n\n```\n{command}\n```\n\n{where}"

@@ -107,6 +107,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "quantized to int4 while loading",
              command=("{python}", "-m", "lowvm.bench.load_memory", "--device", "cpu,cuda",
                       "--json", "{out}/result.json")),
+    Scenario("tensor-parallel", "json",
+             "decode tok/s of a random Llama-3-70B-shaped model split over 1, 2 and 4 GPUs "
+             "(torchrun, NCCL, one CUDA graph per rank and step): int4 and float16, batch 1 "
+             "and 16",
+             command=("{python}", "-m", "lowvm.serving.tp_scaling", "--tp", "1,2,4",
+                      "--config", "llama3-70b", "--dtype", "int4,float16", "--batch-sizes",
+                      "1,16", "--json", "{out}/result.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
              command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-n", "8", "-p",
                       "no:cacheprovider", "--junitxml", "{out}/junit.xml", "tests")),
