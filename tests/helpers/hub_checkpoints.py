@@ -141,10 +141,12 @@ def quantization_config(fmt: str, bits: int, group: int | None, sym: bool, act_o
 
 def write_hub_checkpoint(path: Path, fmt: str, bits: int = 4, group: int | None = 64,
                          sym: bool = False, act_order: bool = False, v1: bool = True,
-                         dense_layers: tuple[str, ...] = (), seed: int = 0) -> Written:
+                         dense_layers: tuple[str, ...] = (), seed: int = 0,
+                         **config_overrides) -> Written:
     """A tiny Llama in ``fmt`` ("gptq", "awq", "compressed-tensors") at ``path``.
-    ``dense_layers``: projection names (e.g. "o_proj") the checkpoint leaves dense."""
-    model = tiny_llama(seed=seed)
+    ``dense_layers``: projection names (e.g. "o_proj") the checkpoint leaves dense;
+    ``config_overrides``: LlamaConfig fields other than the tiny defaults."""
+    model = tiny_llama(seed=seed, **config_overrides)
     gen = torch.Generator().manual_seed(seed)
     tensors, refs = {}, {}
     for name, tensor in model.state_dict().items():

@@ -1,7 +1,8 @@
 """Tensor-parallel lowvm layers: shards equal slices of the full layer exactly, a split
 that cannot be made names the layer and the reason, and a 2-rank model (gloo, CPU) gives
 the single-process logits, by ``lowvm.tensor_parallel`` and by ``from_pretrained(...,
-tp_plan="auto")`` (a lowvm checkpoint and a model quantized on load)."""
+tp_plan="auto")`` (a lowvm checkpoint, a model quantized on load, an imported GPTQ
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -212,6 +213,14 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
                 out[key + "_down_in"] = layer.in_features
                 with torch.no_grad():
                     out[key] = loaded(_IDS).logits
+            imported = lowvm.from_pretrained(f"{root}/gptq", tp_plan="auto")
+            out["gptq_q_rows"] = imported.model.layers[0].self_attn.q_proj.out_features
+            with torch.no_grad():
+                out["gptq"] = imported(_IDS).logits
+            try:  # act-order permutes K across every rank's slice: refused, named
+                lowvm.from_pretrained(f"{root}/gptq_act_order", tp_plan="auto")
+            except TensorParallelError as exc:
+                out["act_order_error"] = str(exc)
         torch.save(out, f"{root}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -231,6 +240,16 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
     single.save_pretrained(tmp_path / "quantized")
     with torch.no_grad():
         ref = single(_IDS).logits.float()
+    import lowvm
+    from tests.helpers.hub_checkpoints import write_hub_checkpoint
+
+    shape = {k: _CONFIG[k] for k in ("hidden_size", "intermediate_size",
+                                     "num_attention_heads", "num_key_value_heads")}
+    for folder, act_order in (("gptq", False), ("gptq_act_order", True)):
+        write_hub_checkpoint(tmp_path / folder, "gptq", bits=4, group=64,
+                             act_order=act_order, **shape)
+    with torch.no_grad():
+        gptq_ref = lowvm.from_pretrained(tmp_path / "gptq")(_IDS).logits.float()
     mp.spawn(_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
     outs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     tol = 1e-2 * float(ref.abs().max())
@@ -244,6 +263,10 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
         if importlib.util.find_spec("accelerate") is not None:
             keys += ["auto_saved", "auto_on_load"]
             assert out["auto_saved_down_in"] == out["auto_on_load_down_in"] == 128
+            assert out["gptq_q_rows"] == 128  # 256 rows of q_proj over 2 ranks
+            diff = (out["gptq"].float() - gptq_ref).abs().max().item()
+            assert diff <= 1e-2 * float(gptq_ref.abs().max()), ("gptq", diff)
+            assert "o_proj" in out["act_order_error"] and "act-order" in out["act_order_error"]
         for key in keys:
             diff = (out[key].float() - ref).abs().max().item()
             assert diff <= tol, (key, diff, tol)
