@@ -8,6 +8,11 @@ the registered source (:mod:`lowvm.kernels.schedule_source`: the tuning cache) c
 before the built-in choice. Each plan is cached under its kernel kind and call shape, so a
 repeated call (every decode step) costs one dict lookup; each program specialisation is
 compiled once (memory and disk cached).
+
+:class:`GemmLaunch` (:func:`prepare_quant_linear`) goes one step further for a call
+repeated with new activations, as a layer's every decode step: the plan, the scales in
+the activation type, the split-K buffers and the packed launch arguments, found once per
+(call shape, stream), so that a call costs an allocation and one ``cuLaunchKernel``.
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from lowvm.kernels.schedules import (
     wgmma_refusal,
 )
 from lowvm.kernels.weights import WEIGHT_BN, QuantWeight, check_activation
+from lowvm.runtime.launch import eager_stream
 from lowvm.runtime.workspaces import overlap_enabled, split_buffers
 
 __all__ = ["quant_linear", "prefill_quant_linear", "wgmma_quant_linear", "plan", "is_sm90",
-           "Plan", "QUANT_GEMM", "PREFILL", "WGMMA"]
+           "Plan", "QUANT_GEMM", "PREFILL", "WGMMA", "GemmLaunch", "prepare_quant_linear"]
 
 #: (compiled GEMM, compiled unfused split-K epilogue or None, rows per output tile when
 #: split > 1, else 0)
@@ -42,8 +48,21 @@ Plan = tuple[Any, Any, int]
 #: the kernel kinds a plan is made for
 QUANT_GEMM, PREFILL, WGMMA = "quant_gemm", "quant_gemm_prefill", "quant_gemm_wgmma"
 
+#: bumped whenever the plans are dropped: a GemmLaunch made before is stale
+_GENERATION = [0]
+
+
+class _PlanCache(dict):
+    """The plans; clearing them (a changed tuning cache) also retires every
+    :class:`GemmLaunch` made from them."""
+
+    def clear(self) -> None:
+        super().clear()
+        _GENERATION[0] += 1
+
+
 #: plans by (kernel kind, call shape)
-_PLANS: dict[tuple, Plan] = {}
+_PLANS: dict[tuple, Plan] = _PlanCache()
 #: compiled programs by (program name, constants)
 _COMPILED: dict[tuple, Any] = {}
 
@@ -53,15 +72,20 @@ def quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = No
     (``schedule``: that one, a wgmma one when ``schedule.wgmma``; see the module
     docstring for the kernel chosen without one)."""
     x = check_activation(x, weight)
+    return _run(x, weight, schedule, _planner(x, weight, schedule))
+
+
+def _planner(x: Any, weight: QuantWeight, schedule: GemmSchedule | None) -> Any:
+    """The plan maker of the kernel :func:`quant_linear` runs for this call."""
     m, n = x.shape[0], weight.n
     if schedule is not None and schedule.wgmma:
-        return _run(x, weight, schedule, _wgmma_plan)
+        return _wgmma_plan
     if schedule is None and is_sm90(x.device) and runs_wgmma(m, weight):
-        return _run(x, weight, None, _wgmma_plan)
+        return _wgmma_plan
     if (schedule is None and THRESHOLDS.prefill_kernel == "quant_gemm_prefill"
             and prefill_split(m, n, weight.k, weight.bk)):
-        return _run(x, weight, None, _prefill_plan)
-    return _run(x, weight, schedule, _plan)
+        return _prefill_plan
+    return _plan
 
 
 def wgmma_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
@@ -260,3 +284,88 @@ def _dummy(device: Any, dtype: Any = None) -> Any:
     if (device, dtype) not in _DUMMIES:
         _DUMMIES[device, dtype] = torch.zeros(4, dtype=dtype, device=device)
     return _DUMMIES[device, dtype]
+
+
+def prepare_quant_linear(x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
+                         ) -> GemmLaunch:
+    """:func:`quant_linear` for calls shaped like ``x`` on the current stream, made ready
+    to launch (see :class:`GemmLaunch`). Not while that stream captures a CUDA graph."""
+    return GemmLaunch(x, weight, schedule)
+
+
+class GemmLaunch:
+    """:func:`quant_linear` for one call shape (M, activation dtype, device) on one
+    stream, with everything but x and y found once.
+
+    A call then checks that x is such a call's (one row count, dtype, device; contiguous
+    and 16-byte aligned), allocates y and launches the GEMM (and, for unfused split-K
+    schedules, the epilogue) through bound launches
+    (:class:`~lowvm.runtime.launch.BoundLaunch`). The weight's tensors are read through
+    their addresses at preparation: a weight whose tensors are replaced needs a new
+    GemmLaunch (in-place changes of the packed codes are seen; a cast copy of the scales
+    for bfloat16 is not). A launch made before the plans were cleared
+    (``_PLANS.clear()``) returns None instead of running: prepare a new one.
+    """
+
+    def __init__(self, x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
+                 ) -> None:
+        import torch
+
+        x = check_activation(x, weight)
+        device = x.get_device()
+        stream = eager_stream(device)
+        if stream is None:
+            raise LowvmError("prepare_quant_linear: the current stream is capturing a CUDA "
+                             "graph; launches recorded there need the capture's own split-K "
+                             "buffers, so call quant_linear while capturing")
+        m, n, k = x.shape[0], weight.n, weight.k
+        generation = _GENERATION[0]
+        planner = _planner(x, weight, schedule)
+        scales, zeros = weight.for_dtype(x.dtype)
+        gemm, finish, tile_rows = planner(m, weight, x.dtype == torch.bfloat16,
+                                          zeros is not None, schedule)
+        zeros = scales if zeros is None else zeros  # not read without zero_point
+        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        if tile_rows:
+            ws, counters = split_buffers(x.device, m * n, -(-m // tile_rows) * (n // 16))
+        else:
+            ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
+        args = (m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
+        names = [p.name for p in gemm.kernel.params]
+        self._gemm = gemm.kernel.bind(gemm.grid(args), args,
+                                      (names.index("x"), names.index("y")), device, stream)
+        self._finish = None
+        if finish is not None:
+            fargs = (m * n, ws, y)
+            self._finish = finish.kernel.bind(finish.grid(fargs), fargs, (2,), device, stream)
+        self.m, self.n, self.dtype, self.device, self.stream = m, n, x.dtype, device, stream
+        self.kernel = gemm.program.name  # which GEMM program runs (for reports)
+        self._waits = bool(gemm.cuda.waits_prior_grid)
+        # the first call may follow the cast that made the scales: it must not overlap it
+        self._fresh = True
+        self._generation = generation
+
+    def __call__(self, x: Any, stream: int) -> Any:
+        """``x [M, K] @ dequant(W)^T`` -> a new ``y [M, N]``, launched on ``stream`` (the
+        one this launch was made for), or None where the plans were cleared since."""
+        if self._generation != _GENERATION[0]:
+            return None
+        ptr = x.data_ptr()
+        if (ptr & 15 or stream != self.stream or x.dtype is not self.dtype
+                or x.size(0) != self.m or x.get_device() != self.device
+                or not x.is_contiguous()):
+            raise LowvmError(
+                f"GemmLaunch: made for contiguous 16-byte aligned {self.dtype} x with "
+                f"{self.m} rows on device {self.device}, stream {self.stream:#x}; got "
+                f"{x.dtype} x of shape {list(x.shape)} on {x.device} (contiguous: "
+                f"{x.is_contiguous()}, data_ptr {ptr:#x}), stream {stream:#x}")
+        y = x.new_empty((self.m, self.n))
+        out = y.data_ptr()
+        if self._fresh:
+            self._fresh = overlap = False
+        else:
+            overlap = self._waits and overlap_enabled()
+        self._gemm(ptr, out, overlap=overlap)
+        if self._finish is not None:
+            self._finish(out)
+        return y

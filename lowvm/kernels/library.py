@@ -7,8 +7,10 @@ here: weights (:mod:`lowvm.kernels.weights`), quantization
 from __future__ import annotations
 
 from lowvm.kernels.dispatch import (
+    GemmLaunch,
     is_sm90,
     prefill_quant_linear,
+    prepare_quant_linear,
     quant_linear,
     wgmma_quant_linear,
 )
@@ -41,4 +43,4 @@ __all__ = ["QuantWeight", "prepare_weight", "quant_linear", "choose_schedule", "
            "NUM_SMS_DEFAULT", "PREFILL_KERNEL", "prefill_quant_linear",
            "choose_prefill_schedule", "prefill_split", "plan_refusal",
            "choose_wgmma_schedule", "wgmma_quant_linear", "runs_wgmma", "wgmma_refusal",
-           "is_sm90"]
+           "is_sm90", "GemmLaunch", "prepare_quant_linear"]

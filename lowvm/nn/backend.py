@@ -3,6 +3,14 @@
 :func:`quant_linear` picks the path for one call: :func:`cuda_quant_linear` (the
 library's ``quant_gemm``, :mod:`lowvm.kernels.library`) for float16/bfloat16 activations
 on a CUDA device, otherwise the reference path (dequantize, then matmul in float32).
+Weight types whose values float16 cannot hold (``float7_e5m1``, ``float8_e6m1``: the
+kernel converts codes to the activation type) run float16 activations through the
+bfloat16 kernel (:func:`kernel_dtype`): x is converted to bfloat16, y back to float16,
+then the bias is added; x, the scales and y each pass through bfloat16's 8-bit
+significand on the way.
+:class:`EagerLaunches` is the eager fast path: a layer's calls prepared once per call
+shape and stream, so a call issued outside a CUDA graph costs a few microseconds of
+host time instead of the custom op's dispatch plus the planning below.
 :class:`~lowvm.nn.quant_linear.QuantLinear` stores its codes once, already in the
 kernel's repacked layout (:mod:`lowvm.nn.kernel_format`), so the kernel reads the layer's
 ``qweight`` as it is and the reference path unpacks it on each call.
@@ -18,13 +26,21 @@ from typing import Any
 
 import torch
 
-from lowvm.kernels.library import QuantWeight, fits_float16, weight_bk
+from lowvm.dtypes import DType
+from lowvm.kernels.library import (
+    GemmLaunch,
+    QuantWeight,
+    fits_float16,
+    prepare_quant_linear,
+    weight_bk,
+)
 from lowvm.kernels.library import quant_linear as library_quant_linear
 from lowvm.nn.packed import PackedLinear, dequantize
+from lowvm.runtime.launch import eager_stream
 
 __all__ = ["quant_linear", "cuda_quant_linear", "reference_quant_linear", "shape_problem",
-           "LowvmFallbackWarning", "IN_FEATURES_MULTIPLE", "OUT_FEATURES_MULTIPLE",
-           "GROUP_MULTIPLE"]
+           "kernel_dtype", "EagerLaunches", "LowvmFallbackWarning", "IN_FEATURES_MULTIPLE",
+           "OUT_FEATURES_MULTIPLE", "GROUP_MULTIPLE"]
 
 # The kernel's tile rules: K runs in steps of bk = min(128, group) (a multiple of the
 # MMA's k = 16), and the repacked weight is tiled by 64 along N.
@@ -72,15 +88,29 @@ def reference_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tens
     return y.to(x2d.dtype)
 
 
+def kernel_dtype(x_dtype: torch.dtype, wtype: DType) -> torch.dtype:
+    """The activation type the kernel runs in for ``x_dtype`` activations: their own,
+    except float16 with a weight type float16 cannot hold (``fits_float16`` False), which
+    runs in bfloat16 (every type of at most 8 bits fits it) rather than on the slow
+    reference path."""
+    if x_dtype is torch.float16 and not fits_float16(wtype):
+        return torch.bfloat16
+    return x_dtype
+
+
 def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     """``x2d [M, K]`` float16/bfloat16 on CUDA -> ``y [M, N]`` through ``quant_gemm``
-    (zero points are applied inside the kernel; the bias is added after).
-    ``layer.qweight`` is already the kernel's repacked weight."""
+    (zero points are applied inside the kernel; the bias is added after, in x's type).
+    ``layer.qweight`` is already the kernel's repacked weight; see :func:`kernel_dtype`
+    for the type the kernel runs in."""
     n, k = layer.out_features, layer.in_features
-    scales, zeros = _scales_as(layer, x2d.dtype)
+    run = kernel_dtype(x2d.dtype, layer.wtype)
+    scales, zeros = _scales_as(layer, run)
     weight = QuantWeight(layer.qweight, scales, layer.wtype, layer.group_size, n, k,
                          weight_bk(layer.group_size, k), zeros)
-    y = library_quant_linear(x2d.contiguous(), weight)
+    y = library_quant_linear(x2d.to(run).contiguous(), weight)
+    if run is not x2d.dtype:
+        y = y.to(x2d.dtype)
     if layer.bias is not None:
         y = y + layer.bias.to(y.dtype)
     return y
@@ -114,13 +144,118 @@ def _scales_as(layer: PackedLinear, dtype: torch.dtype) -> tuple[torch.Tensor, A
 def quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     """The forward of one layer on the best path available for these activations."""
     if x2d.is_cuda and x2d.dtype in (torch.float16, torch.bfloat16):
-        if x2d.dtype == torch.bfloat16 or fits_float16(layer.wtype):
-            return cuda_quant_linear(x2d, layer)
-        _warn_once(f"f16-{layer.wtype.name}",
-                   f"lowvm: {layer.wtype.name} values exceed float16, which the kernel "
-                   "converts them to; with float16 activations these layers run on the "
-                   "reference path (use bfloat16 for the kernel)")
-    elif not x2d.is_cuda:
+        return cuda_quant_linear(x2d, layer)
+    if not x2d.is_cuda:
         _warn_once("cpu", "lowvm: no CUDA device for these activations; quantized layers run "
                    "on the reference path (dequantize + matmul), which is slow")
     return reference_quant_linear(x2d, layer)
+
+
+#: more distinct call shapes than this per layer (prefill at every prompt length): start over
+_MAX_LAUNCHES = 64
+
+
+class EagerLaunches:
+    """One layer's eager CUDA calls, each call shape prepared once.
+
+    Issued one by one, outside a CUDA graph, a call through the custom op and
+    :func:`cuda_quant_linear` spends tens of microseconds on the host (the dispatcher,
+    building the weight, choosing and looking up the plan, checking and packing every
+    launch argument) for a kernel that may take less. Here each (rows, activation type,
+    stream) gets a :class:`~lowvm.kernels.dispatch.GemmLaunch` once; a call then checks
+    that the layer still holds the tensors the launches were made from (the same
+    objects at the same addresses, and the same versions, since a cast copy of the scales
+    or bias must follow in-place changes), allocates y and launches.
+
+    A call returns None where it cannot serve (the stream is capturing a CUDA graph, x is
+    not 16-byte aligned, a cast copy would be needed of tensors that keep no version
+    counter): the caller then takes the general path, which raises the same errors as
+    ever. A copy or pickle of a layer starts with no launches.
+    """
+
+    __slots__ = ("_stamp", "_weights", "_biases", "_launches", "_fits16")
+
+    def __init__(self) -> None:
+        self._fits16 = True
+        self._stamp: tuple | None = None
+        self._weights: dict[torch.dtype, QuantWeight] = {}
+        self._biases: dict[torch.dtype, torch.Tensor] = {}
+        self._launches: dict[tuple, GemmLaunch] = {}
+
+    def __reduce__(self) -> tuple:
+        return (EagerLaunches, ())
+
+    def __call__(self, x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor | None:
+        """``x2d [M, K]`` (float16/bfloat16, on the layer's CUDA device, checked by the
+        caller) -> ``y [M, N]``, or None (take the general path)."""
+        stream = eager_stream(x2d.get_device())
+        if stream is None:
+            return None
+        qweight, scales, zeros, bias = layer.qweight, layer.scales, layer.zeros, layer.bias
+        try:
+            state: tuple = (qweight.data_ptr(), scales.data_ptr(), scales._version,
+                            None if zeros is None else (zeros.data_ptr(), zeros._version),
+                            None if bias is None else (bias.data_ptr(), bias._version))
+        except RuntimeError:  # inference-mode tensors keep no version counter
+            state = (qweight.data_ptr(), scales.data_ptr(), None,
+                     None if zeros is None else zeros.data_ptr(),
+                     None if bias is None else bias.data_ptr())
+        stamp = self._stamp
+        if (stamp is None or stamp[0] is not qweight or stamp[1] is not scales
+                or stamp[2] is not zeros or stamp[3] is not bias or stamp[4] != state
+                or stamp[5] is not layer.wtype or stamp[6] != layer.group_size):
+            self._stamp = (qweight, scales, zeros, bias, state, layer.wtype, layer.group_size)
+            self._fits16 = fits_float16(layer.wtype)
+            self._weights.clear()
+            self._biases.clear()
+            self._launches.clear()
+        dtype = x2d.dtype
+        run = dtype if dtype is torch.bfloat16 or self._fits16 else torch.bfloat16
+        if run is not dtype:
+            x2d = x2d.to(run)
+        x2d = x2d.contiguous()
+        if x2d.data_ptr() & 15:
+            return None
+        key = (x2d.size(0), run, stream)
+        launch = self._launches.get(key)
+        if launch is None:
+            launch = self._prepare(x2d, layer, key, state[2] is not None)
+            if launch is None:
+                return None
+        y = launch(x2d, stream)
+        if y is None:  # the library's plans were cleared: prepare again
+            self._launches.clear()
+            launch = self._prepare(x2d, layer, key, state[2] is not None)
+            if launch is None:
+                return None
+            y = launch(x2d, stream)
+        if run is not dtype:
+            y = y.to(dtype)
+        if bias is not None:
+            b = self._biases.get(dtype)
+            if b is None:
+                if bias.dtype is not dtype and state[2] is None:
+                    b = bias.to(dtype)  # no version to watch: cast per call
+                else:
+                    b = self._biases[dtype] = bias.to(dtype)
+            y += b
+        return y
+
+    def _prepare(self, x2d: torch.Tensor, layer: PackedLinear, key: tuple, versioned: bool
+                 ) -> GemmLaunch | None:
+        """The launch for ``key`` (made now), or None where the scales would need a cast
+        copy that no version counter could keep in step with the layer."""
+        run = key[1]
+        weight = self._weights.get(run)
+        if weight is None:
+            if not versioned and layer.scales.dtype is not run:
+                return None
+            n, k = layer.out_features, layer.in_features
+            scales, zeros = _scales_as(layer, run)
+            weight = self._weights[run] = QuantWeight(
+                layer.qweight, scales, layer.wtype, layer.group_size, n, k,
+                weight_bk(layer.group_size, k), zeros)
+        if len(self._launches) >= _MAX_LAUNCHES:
+            self._launches.clear()
+        launch = self._launches[key] = prepare_quant_linear(x2d, weight)
+        return launch

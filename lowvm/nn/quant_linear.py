@@ -40,6 +40,8 @@ from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from lowvm.dtypes import DType
 from lowvm.nn import custom_op  # noqa: F401  (registers torch.ops.lowvm.quant_linear)
+from lowvm.nn.backend import EagerLaunches
+from lowvm.nn.backend import quant_linear as backend_quant_linear
 from lowvm.nn.errors import ActivationError, QuantizationError, WeightFormatError
 from lowvm.nn.kernel_format import KernelFormat, layer_kernel_format
 from lowvm.nn.packed import PackedLinear, dequantize, unpack_codes
@@ -49,6 +51,10 @@ from lowvm.nn.spec import QuantSpec, make_spec
 __all__ = ["QuantLinear", "bias_dtype_for"]
 
 _ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
+# what makes a call traced rather than eager (each a C call of well under a microsecond)
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_functorch_active = torch._C._are_functorch_transforms_active
+_jit_tracing = torch._C._get_tracing_state
 _KEEP_DTYPE = ("scales", "zeros")  # quantization data: moved with the model, never re-cast
 
 
@@ -283,18 +289,53 @@ class QuantLinear(nn.Module):
         return stored.to(dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Eager calls on CUDA launch the kernel directly (:class:`~lowvm.nn.backend.
+        EagerLaunches`: a few microseconds of host time); traced ones (torch.compile,
+        export, jit, dispatch modes, functorch, autograd through x) go through the custom
+        op ``torch.ops.lowvm.quant_linear``, which the tracers see as one opaque node."""
+        if (torch.compiler.is_compiling() or type(x) is not torch.Tensor
+                or _dispatch_modes() or _functorch_active() or _jit_tracing() is not None):
+            return self._op_forward(x)
+        buffers = self._buffers
+        qweight = buffers["qweight"]
+        self._check_input(x, qweight)
+        perm = buffers["input_perm"]
+        if perm is not None:
+            x = x.index_select(-1, perm)
+        if not x.is_cuda or (x.requires_grad and torch.is_grad_enabled()):
+            return self._op_forward(x, checked=True)
+        flat = x.dim() == 2
+        x2d = x if flat else x.reshape(-1, self.in_features)
+        layer = PackedLinear(qweight, buffers["scales"], buffers["zeros"], buffers["bias"],
+                             self.spec.wtype, self.spec.group_size, self.in_features)
+        launches = self.__dict__.get("_eager_launches")
+        if launches is None:
+            launches = self.__dict__["_eager_launches"] = EagerLaunches()
+        y = launches(x2d, layer)
+        if y is None:
+            y = backend_quant_linear(x2d, layer)
+        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+
+    def _check_input(self, x: torch.Tensor, qweight: torch.Tensor) -> None:
+        """The activation checks every path makes (ActivationError names what is wrong)."""
         if x.dtype not in _ACTIVATION_DTYPES:
             raise ActivationError(f"QuantLinear: x has dtype {x.dtype}; quantized layers take "
                                   "torch.float16 or torch.bfloat16 activations (cast the model,"
                                   " e.g. model.to(torch.float16))")
-        if x.device != self.qweight.device:
+        if x.device != qweight.device:
             raise ActivationError(f"QuantLinear: x is on {x.device} but the layer's weights are"
-                                  f" on {self.qweight.device}; move one to the other")
+                                  f" on {qweight.device}; move one to the other")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ActivationError(f"QuantLinear: x has shape {tuple(x.shape)}; its last "
                                   f"dimension must be in_features={self.in_features}")
-        if self.input_perm is not None:
-            x = x.index_select(-1, self.input_perm)
+
+    def _op_forward(self, x: torch.Tensor, checked: bool = False) -> torch.Tensor:
+        """The forward through the custom op (what tracing and torch.compile see);
+        ``checked``: x was checked and permuted already."""
+        if not checked:
+            self._check_input(x, self.qweight)
+            if self.input_perm is not None:
+                x = x.index_select(-1, self.input_perm)
         lead = x.shape[:-1]
         y = torch.ops.lowvm.quant_linear(x.reshape(-1, self.in_features), self.qweight,
                                          self.scales, self.zeros, self.bias,

@@ -36,7 +36,8 @@ try:
 except ModuleNotFoundError as _exc:  # a CPU-only install: nothing here can run
     cu = stand_in("cuda.bindings.driver", "running kernels on a GPU", _exc)
 
-__all__ = ["Kernel", "DEFAULT_SHARED_LIMIT", "MAX_BLOCK_THREADS"]
+__all__ = ["Kernel", "BoundLaunch", "eager_stream", "DEFAULT_SHARED_LIMIT",
+           "MAX_BLOCK_THREADS"]
 
 DEFAULT_SHARED_LIMIT = 48 * 1024
 """Dynamic shared memory a kernel may use without raising its limit by attribute."""
@@ -50,6 +51,28 @@ _PARAM_SIZE = {"pointer": 8, "scalar": 4}
 # torch's current-device and current-stream getters, fetched on the first launch (torch's
 # CUDA state must be initialised first); a list so the hot path reads a local, not a dict.
 _host_fns: list[Any] = [None, None]
+# torch's "is the current stream capturing a graph" query (a C call), fetched on first use
+_capturing_fn: list[Any] = [None]
+
+
+def eager_stream(device: int) -> int | None:
+    """torch's current stream handle on ``device``, or None where a launch prepared once
+    per stream (:class:`BoundLaunch`) must not run: while the stream is capturing a CUDA
+    graph (work recorded there needs the capture's own buffers), or when ``device`` is
+    not torch's current device (:meth:`Kernel.launch` refuses such tensors, naming them)."""
+    capturing = _capturing_fn[0]
+    if capturing is None:
+        import torch
+
+        capturing = _capturing_fn[0] = getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                                               torch.cuda.is_current_stream_capturing)
+    get_device = _host_fns[0]
+    if get_device is None:
+        _host_fns[:] = [_drv.device_getter(), _drv.raw_stream_getter()]
+        get_device = _host_fns[0]
+    if get_device() != device or capturing():
+        return None
+    return _host_fns[1](device)
 
 
 @functools.cache
@@ -361,8 +384,117 @@ class Kernel:
             slot.value = value
         return block[2]
 
+    def bind(self, grid: tuple[int, int, int], args: Sequence[Any], free: Sequence[int],
+             device: int, stream: int) -> BoundLaunch:
+        """This kernel's launch on ``grid`` with ``args`` on ``device`` and ``stream``,
+        checked and packed now; each call then only fills the pointer parameters at the
+        indices ``free`` (see :class:`BoundLaunch`). Loads the module if needed."""
+        return BoundLaunch(self, grid, args, free, device, stream)
+
     def unload(self) -> None:
         """Unload the module from every device it was loaded on (the next launch reloads)."""
         modules, self._modules, self._functions = self._modules, {}, {}
         for module in modules.values():
             cu.cuModuleUnload(module)
+
+
+class BoundLaunch:
+    """One kernel launch whose grid, device, stream and arguments are checked and packed
+    once, but for a few pointers that each call fills in.
+
+    A decode step repeats the same launches with new activation and output buffers; the
+    checks and conversions :meth:`Kernel.launch` makes on every call (grid, each
+    argument, device, stream, function handle) then give the same answer each time. A
+    bound launch keeps their result: a call checks only the free pointers (ints, 16-byte
+    aligned), writes them into this thread's parameter block and calls ``cuLaunchKernel``,
+    whose status is still checked (a failure raises
+    :class:`~lowvm.runtime.errors.CudaDriverError`). The caller owns what the pointers
+    point to: buffers of the dtype, size and device the kernel was bound for. The fixed
+    tensor arguments are kept referenced, so their memory outlives the binding.
+    """
+
+    def __init__(self, kernel: Kernel, grid: tuple[int, int, int], args: Sequence[Any],
+                 free: Sequence[int], device: int, stream: int) -> None:
+        grid = kernel._check_grid(grid)
+        values = list(kernel.check_args(args, device))
+        free = tuple(free)
+        for index in free:
+            if (type(index) is not int or not 0 <= index < kernel._nparams
+                    or kernel.params[index].kind != "pointer"):
+                raise LaunchError(
+                    f"Kernel {kernel.name!r}: free must index pointer parameters in "
+                    f"[0, {kernel._nparams}), got {index!r} (parameters: "
+                    f"{', '.join(str(p) for p in kernel.params)})")
+        if type(stream) is not int or stream < 0:
+            raise LaunchError(f"BoundLaunch: stream must be an int handle >= 0, got {stream!r}")
+        self.kernel, self.grid, self.device, self.stream = kernel, grid, device, stream
+        self._values, self._free, self._types = values, free, kernel._types
+        self._keep = tuple(args)  # the fixed tensors stay alive as long as the binding
+        self._empty = not (grid[0] and grid[1] and grid[2])
+        self._fn = None if self._empty else (kernel._functions.get(device)
+                                             or kernel._load(device))
+        self._local = threading.local()  # per-thread parameter blocks
+        self._config: Any = None  # cuLaunchKernelEx's config, made on the first overlap
+
+    def __call__(self, *pointers: int, overlap: bool = False) -> None:
+        """Launch with ``pointers`` in the free parameters (in ``free``'s order).
+        ``overlap``: as :meth:`Kernel.launch`'s (sm_90+; ignored before)."""
+        block = getattr(self._local, "block", None)
+        if block is None:
+            block = self._local.block = self._new_block()
+        slots = block[0]
+        if len(pointers) != len(self._free):
+            raise LaunchError(f"Kernel {self.kernel.name!r}: a bound launch takes "
+                              f"{len(self._free)} pointers, got {len(pointers)}")
+        for index, value in zip(self._free, pointers):
+            if type(value) is not int or value & 15 or not 0 <= value < 1 << 64:
+                raise LaunchError(
+                    f"Kernel {self.kernel.name!r}: argument "
+                    f"{self.kernel.params[index].name!r} of a bound launch must be an int "
+                    f"device address that is a multiple of 16; got {value!r}")
+            slots[index].value = value
+        if self._empty:
+            return
+        overlap = overlap and _overlaps(self.device)
+        err = self._start(block[1], overlap)
+        if err:
+            if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
+                _drv.ensure_context(self.device)
+                err = self._start(block[1], overlap)
+            if err:
+                k = self.kernel
+                raise CudaDriverError(
+                    f"cuLaunchKernel{'Ex' if overlap else ''}({k.name!r}, grid={self.grid}, "
+                    f"block={k.block_threads}, dynamic_shared_bytes="
+                    f"{k.dynamic_shared_bytes}) failed with {_drv.error_name(err)}")
+
+    def _start(self, params: int, overlap: bool) -> Any:
+        if not overlap:
+            gx, gy, gz = self.grid
+            k = self.kernel
+            (err,) = cu.cuLaunchKernel(self._fn, gx, gy, gz, k._block, 1, 1, k._smem,
+                                       self.stream, params, 0)
+            return err
+        if self._config is None:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = self.kernel._block, 1, 1
+            config.sharedMemBytes = self.kernel._smem
+            config.hStream = cu.CUstream(self.stream)
+            config.attrs = [attr]
+            config.numAttrs = 1
+            self._config = config
+        (err,) = cu.cuLaunchKernelEx(self._config, self._fn, params, 0)
+        return err
+
+    def _new_block(self) -> tuple[list[Any], int, Any]:
+        """This thread's ``void**`` parameter block, holding the fixed values."""
+        slots = [t() if t is not ctypes.c_void_p else ctypes.c_uint64() for t in self._types]
+        for slot, value in zip(slots, self._values):
+            slot.value = value
+        pointers = (ctypes.c_void_p * max(1, len(slots)))(
+            *[ctypes.addressof(slot) for slot in slots])
+        return slots, ctypes.addressof(pointers), pointers
