@@ -65,6 +65,11 @@ inf and NaN land on inf and NaN. e4m3's NaN (``S.1111.111``) decodes to +-480 an
 inf/NaN (to bfloat16) to >= 65536, both above the format's largest finite value, so a
 compare (``__hgt2_mask`` of ``|r|`` against it) sets the destination's exponent bits:
 inf stays inf (zero mantissa), NaN stays NaN with its sign (payload not canonical).
+3..7-bit floats are stored in the :func:`pair_span` order too: a pair's two codes then
+sit at one bit ``p`` of a low and a high lane of one word (or two spliced), and two
+shifts of that word, shared by every pair at ``p``, bring the signs to bit 15 and the
+magnitudes to their place (:func:`_plan_float_matched`); in the plain order each pair
+first needs its own window, shift and ``prmt`` to put its codes 16 bits apart.
 
 Not covered (returns False, the generic loop runs): e5m1 and e6m1 to float16 (their
 largest values overflow float16 to inf, and e6m1's smallest underflow; the shift would
@@ -446,7 +451,8 @@ def _plan_int_matched(b: _Builder, perm: np.ndarray) -> None:
 
 
 def _gather_bytes(b: _Builder, held: dict[str, tuple[int, ...]], words: int,
-                  starts: tuple[int, int]) -> tuple[str, tuple[int, int]] | None:
+                  starts: tuple[int, int], max_t: int | None = None
+                  ) -> tuple[str, tuple[int, int]] | None:
     """One ``prmt`` putting the bytes of the codes at stream bits ``starts`` into lanes 0
     and 1 (each code at bit ``start % 8`` of its lane), from two values among the spliced
     ones (``held``) and the source words; ``(value, (t0, t1))``, or None when no two
@@ -454,7 +460,7 @@ def _gather_bytes(b: _Builder, held: dict[str, tuple[int, ...]], words: int,
     need: list[int | None] = []
     for start in starts:
         first, t = divmod(start, 8)
-        if t > b.rec.max_t():
+        if t > (b.rec.max_t() if max_t is None else max_t):
             return None
         second = first + 1 if t + b.rec.nbits > 8 and first + 1 < 4 * words else None
         need += [first, second]
@@ -543,6 +549,83 @@ def _plan_float(b: _Builder) -> None:
         b.store(_float_finish(b, a, False), l0, pair)
 
 
+def _shifted(b: _Builder, cache: dict[tuple[str, int], str], word: str, d: int) -> str:
+    """``word`` shifted left by ``d`` bits (right for ``d < 0``), made once per amount."""
+    if d == 0:
+        return word
+    if (word, d) not in cache:
+        cache[word, d] = b.op("shl" if d > 0 else "shr", (word,), (abs(d),))
+    return cache[word, d]
+
+
+def _float_at(b: _Builder, cache: dict[tuple[str, int], str], word: str, p: int) -> str:
+    """Codes at bit ``p`` of both lanes of ``word`` (junk elsewhere) -> the value.
+
+    The sign goes to bit 15 of each lane and the magnitude to ``offset - shift``: two
+    32-bit shifts (none where ``p`` is already one of those places), whose bits crossing
+    into the other lane fall outside the masks, then one ``lop3`` per part."""
+    rec = b.rec
+    sign = _shifted(b, cache, word, rec.offset - p)
+    mag = _shifted(b, cache, word, rec.offset - rec.shift - p)
+    mag = b.op("lop3", (mag, rec.mag_mask, 0), (LOP3_AND,))
+    x = b.op("lop3", (sign, rec.sign_mask, mag), (LOP3_AND_OR,))
+    r = b.op("hmul2", (x,), (rec.scale,)) if rec.scale else x
+    if rec.special_max:
+        over = b.op("hgt_mask", (r,), (rec.special_max,))
+        r = b.op("lop3", (over, rec.special_bits, r), (LOP3_AND_OR,))
+    return r
+
+
+def _plan_float_matched(b: _Builder, perm: np.ndarray) -> None:
+    """Small floats (3..7 bits) in the :func:`pair_span` order, like
+    :func:`_plan_int_matched`: a destination pair whose codes sit at one position ``p``
+    of a low and a high lane (one word, or two spliced by one ``lop3``/``prmt``) decodes
+    from that word with two shifts shared by every pair at ``p`` (:func:`_float_at`); a
+    pair straddling a boundary gathers its bytes with one ``prmt`` (in this order both
+    codes start at one bit of their bytes), else takes the plain order's windows."""
+    n, rec = b.rec.nbits, b.rec
+    spliced: dict[tuple[int, int], str] = {}
+    held: dict[str, tuple[int, ...]] = {}
+    cache: dict[tuple[str, int], str] = {}
+    rest = []
+    for l0 in range(0, b.size, 2):
+        a, c = int(perm[l0]), int(perm[l0 + 1])
+        la, lc = _lane_of(n, a), _lane_of(n, c)
+        if not (la and lc and la[1] != lc[1] and la[2] == lc[2]):
+            rest.append((l0, a, c))
+            continue
+        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
+        ka, kc, p = la[0], lc[0], la[2]
+        if ka == kc and la[1] == 0:
+            word = b.word(ka)
+        else:
+            if (ka, kc) not in spliced:
+                wa, wc = b.word(ka), b.word(kc)
+                if la[1] == 0:
+                    word = b.op("lop3", (wa, wc, 0x0000FFFF), (LOP3_SELECT,))
+                    held[word] = (4 * ka, 4 * ka + 1, 4 * kc + 2, 4 * kc + 3)
+                else:
+                    word = b.op("prmt", (wa, wc), (_PRMT_SWAP_SPLICE,))
+                    held[word] = (4 * ka + 2, 4 * ka + 3, 4 * kc, 4 * kc + 1)
+                spliced[ka, kc] = word
+            word = spliced[ka, kc]
+        value = _float_at(b, cache, word, p)
+        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+    words = -(-b.size * n // 32)
+    for l0, a, c in rest:
+        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
+        gathered = _gather_bytes(b, held, words, (a * n, c * n), 16 - n)
+        if gathered is not None and gathered[1][0] == gathered[1][1]:
+            value = _float_at(b, cache, gathered[0], gathered[1][0])
+        else:
+            o = rec.offset
+            low = b.window(a * n - o, o, 16)  # code a at the top of lane 0
+            high = b.window(c * n - 16 - o, 16 + o, 32)  # code c at the top of lane 1
+            z = b.op("lop3", (low, high, 0x0000FFFF), (LOP3_SELECT,))
+            value = _float_finish(b, z, False)
+        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+
+
 def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
               ) -> list[Op] | None:
     """The operations casting ``size`` locals of ``src`` to ``dst``; None if not covered.
@@ -554,6 +637,13 @@ def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
     if rec is None or size < 1:
         return None
     b = _Builder(rec, size)
+    if rec.method == "float" and perm is not None and pair_span(src, dst, size) is not None:
+        _plan_float_matched(b, perm)
+        plain = _Builder(rec, size)  # kept where a permutation matches few lanes
+        _plan_float(plain)
+        plain.assemble(perm)
+        b.assemble(perm)
+        return min((b.ops, plain.ops), key=plan_work)
     if rec.method == "float":
         _plan_float(b)
     elif rec.method == "int8_f32":
@@ -581,14 +671,19 @@ def plan_work(ops: list[Op]) -> int:
 def pair_span(src: DType, dst: DType, size: int) -> int | None:
     """The ``span`` of :func:`lowvm.layouts.split_pairs` in which ``src`` codes decode
     straight to ``dst`` register pairs, or None when the plain order is already as good:
-    1/2/4-bit integers decode whole words (no ``prmt``), 3/5/6/7-bit ones mostly two
-    words spliced at their lane boundary (:func:`_plan_int_matched`)."""
-    rec = recipe(src, dst)
-    if rec is None or rec.method != "int" or rec.nbits == 8:
+    1/2/4-bit integers decode whole words (no ``prmt``), the other 1..7-bit integers and
+    floats mostly from two words spliced at their lane boundary (:func:`_plan_int_matched`,
+    :func:`_plan_float_matched`). A weight is stored once for both activation types, so
+    the span is None for both unless both conversions are covered (float7_e5m1 is not
+    to float16)."""
+    if recipe(src, dst) is None or dst not in _FORMAT:
+        return None
+    recs = [recipe(src, d) for d in _FORMAT]
+    if any(r is None or r.method not in ("int", "float") for r in recs) or src.nbits == 8:
         return None
     # codes i and i + span/2 of a run start N * span/2 bits apart: 16 modulo 32, so the
     # same position of a low and a high lane (of one word for N = 1, 2, 4, else of two)
-    half = next(d for d in range(1, 33) if rec.nbits * d % 32 == 16)
+    half = next(d for d in range(1, 33) if src.nbits * d % 32 == 16)
     span = 2 * half
     return span if size % span == 0 else None
 

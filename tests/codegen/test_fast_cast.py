@@ -199,8 +199,8 @@ def test_four_bit_words_convert_two_lanes_per_lop3():
 def test_reordering_cast_is_exact_and_split_pairs_saves_operations(case):
     """A relayout cast (destination local l = source local perm[l]) is exact for every
     type, the identity given as an array (as kernels give it) too; in the split_pairs
-    order of ``pair_span`` the whole-word casts need no prmt and 3/5/6/7-bit casts take
-    far fewer operations than in the plain order."""
+    order of ``pair_span`` the whole-word integer casts need no prmt and the other
+    1..7-bit casts take far fewer operations than in the plain order."""
     src, dst = case
     rng = np.random.default_rng(src.nbits * 7 + dst.nbits)
     size = 64
@@ -216,16 +216,16 @@ def test_reordering_cast_is_exact_and_split_pairs_saves_operations(case):
         want, nan = _expected_bits(codes[:, perm], src, dst)
         _assert_same_bits(got, want, nan, dst, f"{src.name} -> {dst.name}, permuted")
     if span:
-        assert src.is_integer and src.nbits < 8
+        assert src.nbits < 8
         plain = plan_cast(src, dst, size)
-        if src.nbits in (1, 2, 4):
+        if src.is_integer and src.nbits in (1, 2, 4):
             assert "prmt" not in [op.kind for op in ops]
             # what the split order saves
             assert [op.kind for op in plain].count("prmt") == size // 2
         else:  # spliced words and gathered bytes: far fewer operations
             assert plan_work(ops) <= 0.85 * plan_work(plain)
-    else:
-        assert not (src.is_integer and src.nbits < 8)
+    else:  # one stored order serves both activation types: e5m1 keeps the plain one
+        assert src.nbits == 8 or (src, float16) in NOT_COVERED
 
 
 def _split_perm(size: int, span: int) -> np.ndarray:

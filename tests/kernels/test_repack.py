@@ -38,12 +38,13 @@ def test_repack_program_equals_repack_weights_and_unpacks_back(wt):
 
 
 def test_a_wrong_order_is_caught():
-    """The comparison has teeth: the float4 order (plain) differs from int4's (split)."""
+    """The comparison has teeth: int4 repacked in K tiles of 32 differs from the format
+    of K tiles of 128."""
     rng = np.random.default_rng(1)
     codes = rng.integers(0, 16, (64, 128)).astype(np.uint8)
     out = np.zeros_like(repack_weights(codes, lowvm.int4, GemmSchedule()))
     lowvm.interpret(repack_program, 64, 128, _plain(codes, lowvm.int4).reshape(-1),
-                    out.reshape(-1), wtype=lowvm.float4_e2m1)
+                    out.reshape(-1), wtype=lowvm.int4, bk=32)
     assert not np.array_equal(out, repack_weights(codes, lowvm.int4, GemmSchedule()))
 
 
