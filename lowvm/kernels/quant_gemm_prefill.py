@@ -29,6 +29,7 @@ multiple of ``bk`` (or ``k`` itself); ``m`` is anything (rows are masked).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import lowvm.lang as vm
@@ -53,7 +54,8 @@ from lowvm.layouts.mma_tiling import block_mma_layouts
 
 __all__ = ["quant_gemm_prefill", "quant_gemm_prefill_bf16", "PrefillLayouts",
            "prefill_layouts", "shared_b_layout", "FORMAT_BN", "FORMAT_WARPS_N",
-           "PREFILL_SCHEDULE", "PREFILL_SCHEDULE_SM80", "prefill_schedule_for"]
+           "PREFILL_SCHEDULE", "PREFILL_SCHEDULE_SM80", "PREFILL_MIN_BK",
+           "prefill_schedule_for"]
 
 #: the repacked format's N tile and warps (``lowvm.kernels.weights.WEIGHT_BN`` etc.)
 FORMAT_BN = 64
@@ -70,6 +72,12 @@ PREFILL_SCHEDULE = GemmSchedule(bm=256, bn=128, bk=128, warps_m=4, warps_n=2, sp
 #: tile (measured 246 TFLOP/s on the H100) stays spill-free there
 PREFILL_SCHEDULE_SM80 = GemmSchedule(bm=128, bn=128, bk=128, warps_m=4, warps_n=2, split=1,
                                      stages=3, prefetch=1)
+
+
+#: the smallest K tile the kernel takes: the shared x and B tiles are swizzled in rows of
+#: 128 bytes, 64 float16/bfloat16 values (weights in groups of 16 or 32 have smaller tiles;
+#: ``quant_gemm`` runs those)
+PREFILL_MIN_BK = 64
 
 
 def prefill_schedule_for(arch: str) -> GemmSchedule:
@@ -164,8 +172,9 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warps_m: int, warp
                     prefetch: int, group: int) -> None:
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
-    vm.static_assert(bk & (bk - 1) == 0 and bk * adtype.nbits // 8 >= 128,
-                     f"bk={bk} must be a power of two of at least 64 (128-byte rows)")
+    vm.static_assert(bk & (bk - 1) == 0 and bk >= PREFILL_MIN_BK,
+                     f"bk={bk} must be a power of two of at least {PREFILL_MIN_BK} (128-byte "
+                     "rows); weights in groups of 16 or 32 run on quant_gemm")
 
 
 def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
@@ -290,8 +299,13 @@ def quant_gemm_prefill_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.
 def threads_fit(wtype: DType, schedule: GemmSchedule) -> bool:
     """True when ``schedule``'s threads can split ``wtype``'s packed tile evenly."""
     s = schedule
+    return _threads_fit(wtype, s.bn, s.bk, s.warps_m * s.warps_n * 32)
+
+
+@functools.lru_cache(maxsize=1024)  # the schedule choice asks for every shape it plans
+def _threads_fit(wtype: DType, bn: int, bk: int, threads: int) -> bool:
     try:
-        prefill_layouts(wtype, s.bn, s.bk, s.warps_m * s.warps_n * 32)
+        prefill_layouts(wtype, bn, bk, threads)
     except ProgramError:
         return False
     return True

@@ -18,6 +18,7 @@ from typing import Any
 
 from lowvm.dtypes import DType
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import LowvmError
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.weights import WEIGHT_BN, WEIGHT_WARPS_N
 
@@ -219,7 +220,8 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # ones with K < 14336. Two x stages beat three by 1-3 % on all five shapes in two
         # runs (4096 x 28672: 63.1 -> 61.7 us); register caps and 32-wide blocks did not
         # help (`python -m lowvm.bench schedules`)
-        warps_m, k_slice = 1, 16 if k >= 14336 or split == 1 else 32
+        # (a slice is at most the K step: weights in groups of 16 have 16-deep steps)
+        warps_m, k_slice = 1, min(bk, 16 if k >= 14336 or split == 1 else 32)
     else:
         k_slice = 0
     # the other split-8 decode grids (and M > 16) pipeline x 3 deep instead, one step of
@@ -277,9 +279,13 @@ def _reads_format(s: GemmSchedule, bk: int) -> bool:
 def prefill_split(m: int, n: int, k: int, bk: int) -> int:
     """The K split ``quant_linear`` runs :func:`quant_gemm_prefill` with at batch ``m``
     (see ``ScheduleThresholds.prefill_min_m``, ``prefill_min_blocks``,
-    ``prefill_split_min_steps``), or 0 where ``quant_gemm`` measured faster."""
+    ``prefill_split_min_steps``), or 0 where ``quant_gemm`` measured faster or the
+    prefill kernel cannot take the weight's K tile (``bk`` < ``PREFILL_MIN_BK``: groups of
+    16 or 32; ``quant_gemm`` runs those at every M)."""
+    from lowvm.kernels.quant_gemm_prefill import PREFILL_MIN_BK
+
     t = THRESHOLDS
-    if m < t.prefill_min_m:
+    if m < t.prefill_min_m or bk < PREFILL_MIN_BK:
         return 0
     blocks, steps = math.ceil(m / 256) * (n // 128), k // bk
     for split in (1, 2, 4):
@@ -294,9 +300,21 @@ def choose_prefill_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str,
     """A :func:`quant_gemm_prefill` schedule: the architecture's default
     (``prefill_schedule_for``: 256 x 128 tiles on 4 x 2 warps from sm_90), or 128 x 64 on
     2 x 2 warps when N is not a multiple of 128 (both split every type's bytes); the
-    256 x 128 tiles split K where :func:`prefill_split` says so."""
-    from lowvm.kernels.quant_gemm_prefill import prefill_schedule_for, threads_fit
+    256 x 128 tiles split K where :func:`prefill_split` says so. A weight whose K tile is
+    under ``PREFILL_MIN_BK`` (groups of 16 or 32) has no prefill schedule: a
+    :class:`~lowvm.errors.LowvmError` says so and names ``quant_gemm``, which runs it."""
+    from lowvm.kernels.quant_gemm_prefill import (
+        PREFILL_MIN_BK,
+        prefill_schedule_for,
+        threads_fit,
+    )
 
+    if bk < PREFILL_MIN_BK:
+        raise LowvmError(
+            f"quant_gemm_prefill: the weight's K tile bk={bk} (its group size) is under the "
+            f"{PREFILL_MIN_BK} the prefill kernel reads per step (128-byte rows of 16-bit "
+            f"values); accepted: weights of group_size >= {PREFILL_MIN_BK} or per-channel "
+            "(-1). quant_linear runs smaller groups through quant_gemm")
     s = prefill_schedule_for(arch)
     if n % s.bn or not threads_fit(as_dtype(wtype), s):
         s = GemmSchedule(bm=128, bn=WEIGHT_BN, bk=bk, warps_m=2, warps_n=2, split=1,
