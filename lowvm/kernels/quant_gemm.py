@@ -10,9 +10,9 @@ Why it is fast (and how it differs from :mod:`lowvm.kernels.quant_matmul`):
 - **Dequantisation in registers**: codes are ``cast`` to float16 (exact) right before
   ``dot`` (``mma.sync``); the group's scale then multiplies the step's float32 products
   (``acc += (x @ q) * scale``, the same sum as ``x @ (q * scale)`` since a K step lies in
-  one group): ``bm x bn`` multiplies per step instead of ``bk x bn``. Integer codes of
-  1..7 bits are stored in :func:`stored_order`, so the cast's 32-bit lanes are already
-  MMA register pairs.
+  one group): ``bm x bn`` multiplies per step instead of ``bk x bn``. Codes of 1..7
+  bits are stored in :func:`stored_order`, so the cast's 32-bit lanes are already MMA
+  register pairs.
 - **Activations** ``x`` go through swizzled shared memory (``cp.async`` in, ``ldmatrix``
   out), so they are read from L2 once per block.
 - **Split-K** (``split > 1``): the grid's second dim cuts K so that small-N shapes still

@@ -2,7 +2,7 @@
 sits, so that a thread's 16-byte loads are exactly its MMA B fragments.
 
 :func:`weight_layouts` gives the register layouts of a tile (as loaded bytes and as
-values in the MMA B order, 1..7-bit integer codes in :func:`stored_order`);
+values in the MMA B order, 1..7-bit codes in :func:`stored_order`);
 :func:`repack_weights` / :func:`unpack_repacked` turn plain codes into that format on the
 host (numpy) and back. Every schedule reads the same format (``FORMAT_BN`` wide tiles of
 ``FORMAT_WARPS_N`` warps); the GPU programs of :mod:`lowvm.kernels.repack` write it too.
@@ -83,7 +83,7 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
 
 def stored_order(values: RegisterLayout, wtype: DType, adtype: DType) -> RegisterLayout:
     """The order a thread's codes are stored in: ``values`` (the MMA order), or for
-    1..7-bit integers its :func:`~lowvm.layouts.split_pairs` order, in which the
+    1..7-bit types its :func:`~lowvm.layouts.split_pairs` order, in which the
     bit-trick cast yields MMA register pairs directly (no ``prmt`` for 1/2/4 bits; see
     :func:`~lowvm.codegen.fast_cast.pair_span`); ``cast(..., layout=values)`` turns one
     into the other by renaming registers."""
