@@ -217,12 +217,18 @@ def _tensor_parallel_tables(doc: dict[str, Any]) -> list[str]:
                      _fixed(scaling.get(key), ".2f") if quantized else "",
                      _fixed(vs_fp16.get(key), ".2f") if quantized else "",
                      _fixed(r.get("mem_gib_per_gpu"), ".1f"),
+                     _fixed(r.get("allreduce_graph_ms_per_step"), ".3f"),
                      _fixed(r.get("allreduce_ms_per_step"), ".3f"),
                      r.get("allreduces_per_step", ""),
                      str(r.get("skipped") or r.get("error") or "").replace("|", "/")[:100]])
     lines.append(markdown_table(["type", "TP", "batch", "decode tok/s", "step ms", "x TP 1",
-                                 "x float16", "GiB per GPU", "all-reduce ms / step",
-                                 "all-reduces / step", "note"], body))
+                                 "x float16", "GiB per GPU", "all-reduce ms / step (graph)",
+                                 "all-reduce ms / step (eager)", "all-reduces / step",
+                                 "note"], body))
+    lines.append("All-reduce (graph): the step's all-reduces, same count and size, replayed "
+                 "alone in one CUDA graph. All-reduce (eager): CUDA events around each "
+                 "all-reduce of an eager step, summed; it includes waiting for the other "
+                 "ranks' host, so it only bounds the communication from above.")
     goals = summary.get("goals") or {}
     if goals:
         lines.append("Goals: " + "; ".join(

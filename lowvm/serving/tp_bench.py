@@ -20,8 +20,10 @@ then each decode step captured in one CUDA graph per rank, NCCL's all-reduces in
 gives ``step_ms`` (one step replayed alone, :meth:`DecodeLoop.step_ms`) and ``tok_s =
 batch * 1000 / step_ms``; ``mem_gib_per_gpu`` is ``torch.cuda.memory_allocated()`` after
 building (weights only); ``allreduce_ms_per_step`` is the time between CUDA events around
-each all-reduce of an eager step, summed (it includes waiting for the slowest rank, so
-it bounds the communication from above); ``tokens_agree`` says every rank produced the
+each all-reduce of an eager step, summed (it includes waiting for the slowest rank's
+host, so it bounds the communication from above); ``allreduce_graph_ms_per_step`` is the
+same number of all-reduces of the same size replayed alone in one CUDA graph (what a
+graphed step spends communicating); ``tokens_agree`` says every rank produced the
 same greedy tokens. Rank 0 rewrites ``--json`` after each row, so a run cut short keeps
 what it measured.
 """
@@ -179,6 +181,36 @@ def _eager_comm_ms(loop: DecodeLoop, hooks: Sequence[Any], repeats: int = 3
             statistics.median(step_ms))
 
 
+def _graph_allreduce_ms(count: int, batch: int, hidden: int, device: torch.device,
+                        group: Any, replays: int = 20) -> float | None:
+    """ms of ``count`` all-reduces of a ``[batch, hidden]`` float16 tensor (a decode step's
+    o/down outputs) replayed alone in one CUDA graph: the communication a graphed step
+    cannot avoid, without the eager timing's wait for the slowest rank's host."""
+    if count == 0 or device.type != "cuda":
+        return None
+    buf = torch.zeros(batch, hidden, dtype=torch.float16, device=device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # NCCL sets up its channels outside the capture
+            dist.all_reduce(buf, group=group)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(count):
+            dist.all_reduce(buf, group=group)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(device)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    del graph
+    return start.elapsed_time(end) / replays
+
+
 def _agree(tokens: torch.Tensor, group: Any, world: int) -> bool:
     if world == 1:
         return True
@@ -203,7 +235,11 @@ def measure_row(model: Any, hooks: Sequence[Any], batch: int, args: argparse.Nam
         reduce_ms, gather_ms, eager_ms = _eager_comm_ms(loop, hooks)
         row = {"batch": batch, "step_ms": step_ms,
                "tok_s": batch * 1e3 / step_ms if step_ms else None,
-               "allreduce_ms_per_step": reduce_ms, "gather_ms_per_step": gather_ms,
+               "allreduce_ms_per_step": reduce_ms,
+               "allreduce_graph_ms_per_step": _graph_allreduce_ms(
+                   sum(isinstance(h, AllReduceOutput) for h in hooks), batch,
+                   model.config.hidden_size, device, group),
+               "gather_ms_per_step": gather_ms,
                "eager_step_ms": eager_ms,
                "allreduces_per_step": sum(isinstance(h, AllReduceOutput) for h in hooks),
                "cuda_graph": loop.graph is not None, "loop_build_s": loop.build_s,

@@ -163,12 +163,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
 def _print_table(doc: dict[str, Any]) -> None:
     print(f"{'dtype':>8} {'tp':>3} {'batch':>5} {'tok/s':>9} {'step ms':>8} "
-          f"{'GiB/GPU':>8} {'allreduce ms':>12}")
+          f"{'GiB/GPU':>8} {'all-reduce ms (graph)':>21}")
     for r in doc["rows"]:
         if r.get("tok_s"):
             print(f"{r['dtype']:>8} {r['tp']:>3} {r['batch']:>5} {r['tok_s']:>9.1f} "
                   f"{r['step_ms']:>8.2f} {r.get('mem_gib_per_gpu') or 0:>8.1f} "
-                  f"{r.get('allreduce_ms_per_step') or 0:>12.3f}")
+                  f"{r.get('allreduce_graph_ms_per_step') or 0:>21.3f}")
         else:
             print(f"{r['dtype']:>8} {r['tp']:>3} {r['batch']:>5} "
                   f"{r.get('skipped') or r.get('error', '')}")

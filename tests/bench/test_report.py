@@ -325,7 +325,8 @@ def test_a_tensor_parallel_document_renders_ratios_and_goals():
     rows = [{"dtype": "int4", "tp": 1, "batch": 1, "tok_s": 40.0, "step_ms": 25.0,
              "mem_gib_per_gpu": 36.5, "allreduce_ms_per_step": None, "allreduces_per_step": 0},
             {"dtype": "int4", "tp": 2, "batch": 1, "tok_s": 70.0, "step_ms": 14.3,
-             "mem_gib_per_gpu": 18.6, "allreduce_ms_per_step": 1.25, "allreduces_per_step": 160},
+             "mem_gib_per_gpu": 18.6, "allreduce_ms_per_step": 1.25,
+             "allreduce_graph_ms_per_step": 0.5, "allreduces_per_step": 160},
             {"dtype": "float16", "tp": 2, "batch": 1, "tok_s": 20.0, "step_ms": 50.0,
              "mem_gib_per_gpu": 66.0, "allreduce_ms_per_step": 1.5, "allreduces_per_step": 160},
             {"dtype": "float16", "tp": 1, "batch": 1, "skipped": "131.4 GiB do not fit"}]
@@ -333,7 +334,7 @@ def test_a_tensor_parallel_document_renders_ratios_and_goals():
            "summary": {**summarise(rows), "shape": {"hidden": 8192, "layers": 80}}}
     text = render_doc(doc)
     assert "python -m lowvm.bench tensor-parallel" in text and "hidden 8192" in text
-    assert "| int4 | 2 | 1 | 70.0 | 14.30 | 1.75 | 3.50 | 18.6 | 1.250 | 160 |  |" in text
-    assert "| float16 | 1 | 1 |  |  |  |  |  |  |  | 131.4 GiB do not fit |" in text
+    assert "| int4 | 2 | 1 | 70.0 | 14.30 | 1.75 | 3.50 | 18.6 | 0.500 | 1.250 | 160 |  |" in text
+    assert "| float16 | 1 | 1 |  |  |  |  |  |  |  |  | 131.4 GiB do not fit |" in text
     assert "int4_tp2_over_tp1_batch1 1.75 (target 1.7: met)" in text
     assert "int4_over_float16 3.50 (target 2.5: met)" in text
