@@ -185,13 +185,15 @@ class EagerLaunches:
     def __reduce__(self) -> tuple:
         return (EagerLaunches, ())
 
-    def __call__(self, x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor | None:
+    def __call__(self, x2d: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                 zeros: torch.Tensor | None, bias: torch.Tensor | None, wtype: DType,
+                 group_size: int) -> torch.Tensor | None:
         """``x2d [M, K]`` (float16/bfloat16, on the layer's CUDA device, checked by the
-        caller) -> ``y [M, N]``, or None (take the general path)."""
+        caller) times the layer of these tensors (see :class:`PackedLinear`) -> ``y [M,
+        N]``, or None (take the general path)."""
         stream = eager_stream(x2d.get_device())
         if stream is None:
             return None
-        qweight, scales, zeros, bias = layer.qweight, layer.scales, layer.zeros, layer.bias
         try:
             state: tuple = (qweight.data_ptr(), scales.data_ptr(), scales._version,
                             None if zeros is None else (zeros.data_ptr(), zeros._version),
@@ -203,9 +205,9 @@ class EagerLaunches:
         stamp = self._stamp
         if (stamp is None or stamp[0] is not qweight or stamp[1] is not scales
                 or stamp[2] is not zeros or stamp[3] is not bias or stamp[4] != state
-                or stamp[5] is not layer.wtype or stamp[6] != layer.group_size):
-            self._stamp = (qweight, scales, zeros, bias, state, layer.wtype, layer.group_size)
-            self._fits16 = fits_float16(layer.wtype)
+                or stamp[5] is not wtype or stamp[6] != group_size):
+            self._stamp = (qweight, scales, zeros, bias, state, wtype, group_size)
+            self._fits16 = fits_float16(wtype)
             self._weights.clear()
             self._biases.clear()
             self._launches.clear()
@@ -219,12 +221,16 @@ class EagerLaunches:
         key = (x2d.size(0), run, stream)
         launch = self._launches.get(key)
         if launch is None:
+            layer = PackedLinear(qweight, scales, zeros, bias, wtype, group_size,
+                                 x2d.size(1))
             launch = self._prepare(x2d, layer, key, state[2] is not None)
             if launch is None:
                 return None
         y = launch(x2d, stream)
         if y is None:  # the library's plans were cleared: prepare again
             self._launches.clear()
+            layer = PackedLinear(qweight, scales, zeros, bias, wtype, group_size,
+                                 x2d.size(1))
             launch = self._prepare(x2d, layer, key, state[2] is not None)
             if launch is None:
                 return None

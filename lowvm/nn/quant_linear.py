@@ -31,6 +31,7 @@ holds ``qweight`` exactly as stored, not converted to plain bit-stream rows. Why
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,8 @@ _ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _functorch_active = torch._C._are_functorch_transforms_active
 _jit_tracing = torch._C._get_tracing_state
+# whether x is where the kernels run (one place to ask, so CPU tests can stand in for CUDA)
+_on_kernel_device = operator.attrgetter("is_cuda")
 _KEEP_DTYPE = ("scales", "zeros")  # quantization data: moved with the model, never re-cast
 
 
@@ -290,31 +293,41 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Eager calls on CUDA launch the kernel directly (:class:`~lowvm.nn.backend.
-        EagerLaunches`: a few microseconds of host time); traced ones (torch.compile,
-        export, jit, dispatch modes, functorch, autograd through x) go through the custom
-        op ``torch.ops.lowvm.quant_linear``, which the tracers see as one opaque node."""
+        EagerLaunches`: a few microseconds of host time); all others (traced: torch.compile,
+        export, jit, dispatch modes, functorch, autograd through x; or on the CPU) go
+        through the custom op ``torch.ops.lowvm.quant_linear``, which tracers see as one
+        opaque node. Both make the same checks of x."""
         if (torch.compiler.is_compiling() or type(x) is not torch.Tensor
                 or _dispatch_modes() or _functorch_active() or _jit_tracing() is not None):
             return self._op_forward(x)
         buffers = self._buffers
         qweight = buffers["qweight"]
-        self._check_input(x, qweight)
+        dtype = x.dtype
+        # on the kernel's device, the same device index as the weight's means the same device
+        if ((dtype is not torch.float16 and dtype is not torch.bfloat16)
+                or not _on_kernel_device(x) or x.get_device() != qweight.get_device()
+                or (x.requires_grad and torch.is_grad_enabled())):
+            return self._op_forward(x)
+        shape = x.shape
+        k = self.in_features
+        if len(shape) == 2 and shape[1] == k:
+            x2d = x
+        elif not shape or shape[-1] != k:
+            return self._op_forward(x)  # raises the shape's ActivationError
+        else:
+            x2d = x.reshape(-1, k)
         perm = buffers["input_perm"]
         if perm is not None:
-            x = x.index_select(-1, perm)
-        if not x.is_cuda or (x.requires_grad and torch.is_grad_enabled()):
-            return self._op_forward(x, checked=True)
-        flat = x.dim() == 2
-        x2d = x if flat else x.reshape(-1, self.in_features)
-        layer = PackedLinear(qweight, buffers["scales"], buffers["zeros"], buffers["bias"],
-                             self.spec.wtype, self.spec.group_size, self.in_features)
+            x2d = x2d.index_select(1, perm)
         launches = self.__dict__.get("_eager_launches")
         if launches is None:
             launches = self.__dict__["_eager_launches"] = EagerLaunches()
-        y = launches(x2d, layer)
+        spec = self.spec
+        y = launches(x2d, qweight, buffers["scales"], buffers["zeros"], buffers["bias"],
+                     spec.wtype, spec.group_size)
         if y is None:
-            y = backend_quant_linear(x2d, layer)
-        return y if flat else y.reshape(*x.shape[:-1], self.out_features)
+            y = backend_quant_linear(x2d, self.packed())
+        return y if x2d is x else y.reshape(*shape[:-1], self.out_features)
 
     def _check_input(self, x: torch.Tensor, qweight: torch.Tensor) -> None:
         """The activation checks every path makes (ActivationError names what is wrong)."""
