@@ -231,6 +231,73 @@ def test_choices_for_groups_of_32_change_only_where_they_failed():
 
 
 # ---------------------------------------------------------------------------------------
+# the schedules chosen for small groups compute the right thing (interpreter)
+
+
+def _interpret(wtype: str, group: int, sched: Any, m: int, n: int, k: int, zero_point: bool,
+               bf16: bool, seed: int) -> float:
+    """Run ``quant_gemm`` with ``sched`` in the interpreter on a random weight in groups
+    of ``group`` (the format of K tile ``sched.bk``); its error against float64."""
+    import ml_dtypes
+
+    from lowvm.kernels.quant_gemm import (
+        finish_split,
+        finish_split_bf16,
+        quant_gemm,
+        quant_gemm_bf16,
+    )
+    from lowvm.kernels.weight_format import weight_format
+    from tests.helpers.gemm import float64_reference, random_weights, relative_error
+
+    rng = np.random.default_rng(seed)
+    wt = lowvm.dtype(wtype)
+    adt = ml_dtypes.bfloat16 if bf16 else np.float16
+    codes, scales, zeros = random_weights(rng, wt, n, k, group, zero_point)
+    packed = weight_format(wt, sched.bk).repack(codes)
+    x = rng.standard_normal((m, k)).astype(np.float16)
+    y = np.full((m, n), np.nan, adt)
+    ws = np.zeros((m, n), np.float32)
+    counters = np.zeros(-(-m // sched.rows) * (n // 16), np.int32)
+    program = quant_gemm_bf16 if bf16 else quant_gemm
+    zs = zeros if zero_point else scales
+    lowvm.interpret(program.build(wtype=wt, group=group, zero_point=zero_point,
+                                  **sched.constants()),
+                    m, n, k, x.astype(adt), packed, scales.astype(adt), zs.astype(adt), y, ws,
+                    counters)
+    if sched.split > 1 and not sched.fused_split:
+        lowvm.interpret((finish_split_bf16 if bf16 else finish_split).build(), m * n, ws, y)
+    assert not ws.any() and not counters.any()
+    ref = float64_reference(x, codes, scales, wt, group, zeros if zero_point else None)
+    return relative_error(y.astype(np.float32), ref)
+
+
+def _fitted(s: Any, k: int) -> Any:
+    """The chosen schedule ``s`` with its split reduced until it fits K = ``k``."""
+    split = s.split
+    while split > 1 and (k // s.bk) % (split * s.steps_per_copy):
+        split //= 2
+    return s.resplit(k, split=split)
+
+
+#: (M, group, type, zero point, bfloat16): one quant_gemm body per bucket, as chosen for
+#: the reported 4096 x 4096 layer (decode held whole, decode streamed, one M-warp with
+#: 16-deep slices, 128-row tiles where the prefill kernel gave way)
+INTERPRETED = [(1, 16, "int4", False, False), (12, 32, "uint4", True, True),
+               (40, 16, "int3", False, False), (40, 32, "float4_e2m1", False, True),
+               (100, 16, "int8", False, False), (200, 32, "int4", False, True)]
+
+
+@pytest.mark.parametrize("case", INTERPRETED)
+def test_chosen_small_group_schedules_match_float64(case):
+    m, group, wtype, zp, bf16 = case
+    s = schedules.choose_schedule(m, 4096, 4096, group)
+    assert schedules.prefill_split(m, 4096, 4096, group) == 0
+    k = 512
+    err = _interpret(wtype, group, _fitted(s, k), m, 64, k, zp, bf16, seed=m + group)
+    assert err < (2e-2 if bf16 else 2e-3), (case, s, err)
+
+
+# ---------------------------------------------------------------------------------------
 # the whole matrix, compiled (slow)
 
 
@@ -261,16 +328,16 @@ GPU_CASES = [((512, 1024), M_ALL), ((4096, 4096), [1, 16, 64, 128, 256, 4096]),
 
 
 def _dense_float64(layer: Any) -> torch.Tensor:
-    """The layer's weight ``[N, K]`` in float64, decoded from its codes, scales and zeros
-    with numpy (independent of lowvm's torch dequantisation)."""
+    """The layer's weight ``[N, K]`` in float64 on its device: codes decoded by numpy
+    (independent of lowvm's dequantisation), zeros and scales applied per group."""
     from lowvm.dtypes import decode
 
     g = layer.group_size
-    w = decode(layer.codes().cpu().numpy(), layer.wtype).astype(np.float64)
+    w = torch.from_numpy(decode(layer.codes().cpu().numpy(), layer.wtype).astype(np.float64))
+    w = w.to(layer.scales.device)
     if layer.zeros is not None:
-        w = w - np.repeat(layer.zeros.cpu().numpy().T.astype(np.float64), g, 1)
-    return torch.from_numpy(w * np.repeat(layer.scales.cpu().numpy().T.astype(np.float64),
-                                          g, 1))
+        w -= layer.zeros.double().t().repeat_interleave(g, 1)
+    return w * layer.scales.double().t().repeat_interleave(g, 1)
 
 
 @pytest.mark.gpu
@@ -284,7 +351,7 @@ def test_quant_linear_matches_float64_at_every_m(case, group, wtype):
     torch.manual_seed(0)
     dense = torch.nn.Linear(k, n, bias=False, dtype=torch.float16, device="cuda")
     layer = QuantLinear.from_linear(dense, dtype=wtype, group_size=group).cuda()
-    weight = _dense_float64(layer).cuda()
+    weight = _dense_float64(layer)
     for m, dtype in itertools.product(ms, (torch.float16, torch.bfloat16)):
         x = torch.randn(m, k, device="cuda").to(dtype)
         y = layer(x)
