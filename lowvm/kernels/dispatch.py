@@ -364,7 +364,7 @@ class GemmLaunch:
         if self._fresh:
             self._fresh = overlap = False
         else:
-            overlap = self._waits and overlap_enabled()
+            overlap = self._waits and overlap_enabled()  # only kernels that wait may overlap
         self._gemm(ptr, out, overlap=overlap)
         if self._finish is not None:
             self._finish(out)

@@ -428,6 +428,7 @@ class BoundLaunch:
         if type(stream) is not int or stream < 0:
             raise LaunchError(f"BoundLaunch: stream must be an int handle >= 0, got {stream!r}")
         self.kernel, self.grid, self.device, self.stream = kernel, grid, device, stream
+        self._cu_stream = cu.CUstream(stream)  # made once: the bindings wrap an int per call
         self._values, self._free, self._types = values, free, kernel._types
         self._keep = tuple(args)  # the fixed tensors stay alive as long as the binding
         self._empty = not (grid[0] and grid[1] and grid[2])
@@ -473,7 +474,7 @@ class BoundLaunch:
             gx, gy, gz = self.grid
             k = self.kernel
             (err,) = cu.cuLaunchKernel(self._fn, gx, gy, gz, k._block, 1, 1, k._smem,
-                                       self.stream, params, 0)
+                                       self._cu_stream, params, 0)
             return err
         if self._config is None:
             attr = cu.CUlaunchAttribute()
@@ -483,7 +484,7 @@ class BoundLaunch:
             config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
             config.blockDimX, config.blockDimY, config.blockDimZ = self.kernel._block, 1, 1
             config.sharedMemBytes = self.kernel._smem
-            config.hStream = cu.CUstream(self.stream)
+            config.hStream = self._cu_stream
             config.attrs = [attr]
             config.numAttrs = 1
             self._config = config
