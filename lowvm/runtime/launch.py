@@ -430,7 +430,9 @@ class BoundLaunch:
         self.kernel, self.grid, self.device, self.stream = kernel, grid, device, stream
         self._cu_stream = cu.CUstream(stream)  # made once: the bindings wrap an int per call
         self._values, self._free, self._types = values, free, kernel._types
-        self._keep = tuple(args)  # the fixed tensors stay alive as long as the binding
+        # the fixed tensors stay alive as long as the binding; the free ones (a sample x,
+        # y) are the caller's and must not be held (a prefill's activations are large)
+        self._keep = tuple(a for i, a in enumerate(args) if i not in free)
         self._empty = not (grid[0] and grid[1] and grid[2])
         self._fn = None if self._empty else (kernel._functions.get(device)
                                              or kernel._load(device))

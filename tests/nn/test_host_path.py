@@ -376,6 +376,22 @@ def test_traced_and_differentiated_calls_go_through_the_custom_op(monkeypatch, f
     assert taken == [1, 1]
 
 
+def test_prepared_launches_hold_no_activation_or_output(fake_gpu):
+    """A prefill's x and y are large: the launches kept per call shape must not keep the
+    tensors they were prepared with."""
+    import gc
+    import weakref
+
+    layer = _layer()
+    x = torch.randn(300, 256, dtype=torch.float16)
+    y = layer(x)
+    refs = [weakref.ref(x), weakref.ref(y)]
+    del x, y
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    assert layer.__dict__["_eager_launches"]._launches  # still prepared
+
+
 def test_copies_of_a_layer_start_without_launches(fake_gpu):
     layer = _layer(bias=False)
     x = torch.randn(1, 256, dtype=torch.float16)
