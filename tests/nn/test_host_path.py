@@ -559,8 +559,12 @@ def _stages() -> list[tuple[str, float]]:
     with torch.no_grad():
         launches(x, *packed[:6])
         gemm = next(iter(launches._launches.values()))
+        x256 = torch.randn(256, 4096, dtype=torch.float16)
         return [
             ("QuantLinear.__call__ (eager path)", timed(lambda: layer(x))),
+            ("QuantLinear.__call__ (eager path), M = 256", timed(lambda: layer(x256))),
+            ("QuantLinear._op_forward (the custom op's forward)",
+             timed(lambda: layer._op_forward(x))),
             ("EagerLaunches.__call__", timed(lambda: launches(x, *packed[:6]))),
             ("GemmLaunch.__call__", timed(lambda: gemm(x, STREAM))),
             ("torch.ops.lowvm.quant_linear (general path)",
