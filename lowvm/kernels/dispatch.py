@@ -315,9 +315,10 @@ class GemmLaunch:
         device = x.get_device()
         stream = eager_stream(device)
         if stream is None:
-            raise LowvmError("prepare_quant_linear: the current stream is capturing a CUDA "
-                             "graph; launches recorded there need the capture's own split-K "
-                             "buffers, so call quant_linear while capturing")
+            raise LowvmError(f"prepare_quant_linear: x is on {x.device}, which is not "
+                             "torch's current device, or the current stream is capturing a "
+                             "CUDA graph (launches recorded there need the capture's own "
+                             "split-K buffers); call quant_linear there instead")
         m, n, k = x.shape[0], weight.n, weight.k
         generation = _GENERATION[0]
         planner = _planner(x, weight, schedule)
