@@ -392,6 +392,23 @@ def test_prepared_launches_hold_no_activation_or_output(fake_gpu):
     assert layer.__dict__["_eager_launches"]._launches  # still prepared
 
 
+def test_gemm_launch_refuses_capture_and_other_calls(monkeypatch, fake_gpu):
+    from lowvm.kernels.library import QuantWeight, weight_bk
+
+    layer = _layer(bias=False)
+    weight = QuantWeight(layer.qweight, layer.scales, layer.wtype, 64, 128, 256,
+                         weight_bk(64, 256))
+    x = torch.randn(4, 256, dtype=torch.float16)
+    gemm = dispatch.prepare_quant_linear(x, weight)
+    assert gemm(x, STREAM).shape == (4, 128)
+    for other, stream in ((x[:2], STREAM), (x.bfloat16(), STREAM), (x, STREAM + 1)):
+        with pytest.raises(LowvmError, match="GemmLaunch: made for contiguous"):
+            gemm(other, stream)
+    monkeypatch.setattr(launch, "_capturing_fn", [lambda: True])
+    with pytest.raises(LowvmError, match="capturing a CUDA graph"):
+        dispatch.prepare_quant_linear(x, weight)
+
+
 def test_copies_of_a_layer_start_without_launches(fake_gpu):
     layer = _layer(bias=False)
     x = torch.randn(1, 256, dtype=torch.float16)
