@@ -111,7 +111,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "decode tok/s of a random Llama-3-70B-shaped model split over 1, 2 and 4 GPUs "
              "(torchrun, NCCL, one CUDA graph per rank and step): int4 and float16, batch 1 "
              "and 16",
-             command=("{python}", "-m", "lowvm.serving.tp_scaling", "--tp", "1,2,4",
+             command=("{python}", "-m", "lowvm.serving.tp_scaling", "--tp", "4,2,1",
                       "--config", "llama3-70b", "--dtype", "int4,float16", "--batch-sizes",
                       "1,16", "--json", "{out}/result.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
