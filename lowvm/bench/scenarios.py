@@ -114,6 +114,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              command=("{python}", "-m", "lowvm.serving.tp_scaling", "--tp", "4,2,1",
                       "--config", "llama3-70b", "--dtype", "int4,float16", "--batch-sizes",
                       "1,16", "--json", "{out}/result.json")),
+    Scenario("host-overhead", "json",
+             "host time of eager QuantLinear calls (int4 g128, 4096 x 4096, M = 1, 16, 256) "
+             "beside the kernel's time in a CUDA graph; passes when every call's host time "
+             "is <= 20 us",
+             command=("{python}", "-m", "lowvm.bench.host_overhead", "--json",
+                      "{out}/result.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
              command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-n", "8", "-p",
                       "no:cacheprovider", "--junitxml", "{out}/junit.xml", "tests")),

@@ -36,9 +36,10 @@ class ScheduleThresholds:
     schedule against its ten nearest neighbours in the library space, in CUDA graphs) is
     ``benchmarks/results/2026-11-27/schedules/nvidia-h100-80gb-hbm3.json``: the chosen
     schedule is within 3 % of the best neighbour in 20 of 30 cases and within 10 % in 28;
-    the exceptions are int4 8192 x 10240 at M = 4 and 16 (27.6 vs 22.4 us and 34.0 vs
-    26.9 us with a shallower x prefetch). The prefill thresholds' figures are re-measured
-    by ``python -m lowvm.bench gemm-prefill``
+    the exceptions were int4 8192 x 10240 at M = 4 and 16 (27.6 vs 22.4 us and 34.0 vs
+    26.9 us with a shallower weight prefetch), which set the prefetch depth of streamed
+    decode schedules (at most one prefetched step per 8 K steps). The prefill
+    thresholds' figures are re-measured by ``python -m lowvm.bench gemm-prefill``
     (``benchmarks/results/2026-11-27/gemm-prefill/``)."""
 
     #: SMs the schedules are sized for (the H100 SXM's 132)
@@ -94,6 +95,10 @@ class ScheduleThresholds:
     wgmma_decode_min_m: int = 9
     #: see ``wgmma_decode_min_m``
     wgmma_decode_min_dim: int = 8192
+    #: ... and K of at least this: on 8192 x 10240 quant_gemm with two K steps of weights
+    #: in flight (26.9 us at prefetch 1, M = 16, in graphs) beat the wgmma decode tiles'
+    #: 30.9 once its prefetch no longer ran 4 deep (`python -m lowvm.bench schedules`)
+    wgmma_decode_min_k: int = 16384
     #: the wgmma kernel's grid should have at least this many blocks: smaller x tiles
     #: first (256 -> 128 rows), then K split 2, 4 or 8 ways
     wgmma_min_blocks: int = 80
@@ -202,9 +207,14 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
                                 x_whole=kb, x_rows=1 if rows == 1 else 0,
                                 swap_ab=rows == 1)
     if m <= 16 and split < 8:
+        # weights prefetched up to 4 steps ahead, keeping >= 8 K steps per prefetched one:
+        # 8192 x 10240 (16 steps per block at split 4) measured 27.6 us at prefetch 4 and
+        # 22.4 at prefetch 2 (M = 4), 34.0 against 26.9 at prefetch 1 (M = 16), in graphs
+        # (`python -m lowvm.bench schedules`)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=None,
-                            prefetch=_largest_dividing(4, steps // split))
+                            prefetch=_largest_dividing(
+                                max(1, min(4, (steps // split) // 8)), steps // split))
     if m <= 16 and 8 <= steps // split < 24 and (steps // split) % 2 == 0:
         # split-8 grids with 8..23 K steps per block: two steps of weights in flight and x
         # double-buffered (ptxas gives int4 96 registers, so 5 blocks fit per SM); measured
@@ -411,13 +421,15 @@ def _wgmma_rows(m: int) -> int:
 def runs_wgmma(m: int, weight: Any) -> bool:
     """Whether ``quant_linear`` runs :func:`quant_gemm_wgmma` at batch ``m`` on an sm_90
     GPU (``wgmma_min_m``, or ``wgmma_decode_min_m`` on weights with K and N of at least
-    ``wgmma_decode_min_dim``; ``wgmma_mid_m_min_weights`` unless narrow tiles apply with
-    K <= ``wgmma_mid_m_narrow_max_k``; a schedule that fits the weight). ``weight``: a
+    ``wgmma_decode_min_dim`` and K of at least ``wgmma_decode_min_k``;
+    ``wgmma_mid_m_min_weights`` unless narrow tiles apply with K <=
+    ``wgmma_mid_m_narrow_max_k``; a schedule that fits the weight). ``weight``: a
     :class:`~lowvm.kernels.weights.QuantWeight`, or anything with its ``n``, ``k``, ``bk``
     and ``wtype``."""
     t = THRESHOLDS
     if m < t.wgmma_min_m and not (m >= t.wgmma_decode_min_m
-                                  and min(weight.n, weight.k) >= t.wgmma_decode_min_dim):
+                                  and min(weight.n, weight.k) >= t.wgmma_decode_min_dim
+                                  and weight.k >= t.wgmma_decode_min_k):
         return False
     if (32 < m <= 64 and weight.n * weight.k < t.wgmma_mid_m_min_weights
             and not (weight.k <= t.wgmma_mid_m_narrow_max_k

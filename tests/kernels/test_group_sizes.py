@@ -10,12 +10,8 @@ same sizes against a float64 reference.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
-import os
 import shutil
-import subprocess
-import sys
 import types
 from typing import Any
 
@@ -164,70 +160,6 @@ def test_k_slices_fit_the_k_tile():
         for bk in (16, 32, 64, 128):
             s = schedules.choose_schedule(m, n, k, bk)
             assert s.k_slice <= bk and bk % s.k_slice == 0, (m, n, k, bk, s)
-
-
-# ---------------------------------------------------------------------------------------
-# the choice is unchanged wherever it already worked
-
-#: the schedule module of the commit before groups of 16 and 32 were handled
-BEFORE = "d8ad90b0ae9de0a0a7bd3d10fce4d7edc0d92977"
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _schedules_before() -> types.ModuleType:
-    """lowvm/kernels/schedules.py as it was at :data:`BEFORE` (skips without its git
-    history)."""
-    if shutil.which("git") is None:
-        pytest.skip("git is not on PATH: the earlier schedule module cannot be read")
-    shown = subprocess.run(["git", "show", f"{BEFORE}:lowvm/kernels/schedules.py"],
-                           cwd=_ROOT, capture_output=True, text=True)
-    if shown.returncode:
-        pytest.skip(f"commit {BEFORE[:10]} is not in this checkout's history")
-    spec = importlib.util.spec_from_loader("schedules_before", loader=None)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["schedules_before"] = module  # dataclasses look their module up
-    try:
-        exec(compile(shown.stdout, "schedules_before.py", "exec"), module.__dict__)
-    finally:
-        del sys.modules["schedules_before"]
-    return module
-
-
-#: the Llama shapes the thresholds were fitted to, and two small ones
-CHOICE_SHAPES = [(4096, 4096), (4096, 6144), (14336, 4096), (4096, 28672), (28672, 8192),
-                 (8192, 10240), (1024, 512), (256, 1024)]
-#: every edge of the thresholds (8/9, 16/17, 32/33, 64/65, 128/129, 256/257) and a few
-#: between
-CHOICE_M = [1, 2, 3, 4, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65, 96, 127,
-            128, 129, 192, 255, 256, 257, 383, 512, 1000, 1024, 2048, 4096, 8192]
-
-
-def test_choices_for_groups_of_64_and_up_are_unchanged():
-    before = _schedules_before()
-    for (n, k), m in itertools.product(CHOICE_SHAPES, CHOICE_M):
-        for bk in (64, 128):
-            for wtype in ("int4", "int3", "float4_e2m1"):
-                w = types.SimpleNamespace(n=n, k=k, bk=bk, wtype=lowvm.dtype(wtype))
-                assert schedules.runs_wgmma(m, w) == before.runs_wgmma(m, w)
-                assert (schedules.choose_wgmma_schedule(m, n, k, bk, wtype)
-                        == before.choose_wgmma_schedule(m, n, k, bk, wtype))
-                for arch in ARCHS:  # (the type matters only where N % 128 == 0)
-                    assert (schedules.choose_prefill_schedule(m, n, k, bk, wtype, arch)
-                            == before.choose_prefill_schedule(m, n, k, bk, wtype, arch))
-            assert schedules.prefill_split(m, n, k, bk) == before.prefill_split(m, n, k, bk)
-            for x_whole in (True, False):
-                assert (schedules.choose_schedule(m, n, k, bk, x_whole=x_whole)
-                        == before.choose_schedule(m, n, k, bk, x_whole=x_whole)), (m, n, k)
-
-
-def test_choices_for_groups_of_32_change_only_where_they_failed():
-    """Groups of 32 (bk = 32) keep the decode choice; only the prefill kernel gives way."""
-    before = _schedules_before()
-    for (n, k), m in itertools.product(CHOICE_SHAPES, CHOICE_M):
-        assert (schedules.choose_schedule(m, n, k, 32)
-                == before.choose_schedule(m, n, k, 32)), (m, n, k)
-        if before.prefill_split(m, n, k, 32) == 0:
-            assert schedules.prefill_split(m, n, k, 32) == 0
 
 
 # ---------------------------------------------------------------------------------------

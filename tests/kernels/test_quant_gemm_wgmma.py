@@ -195,8 +195,9 @@ def test_library_schedule_rule():
 
 def test_library_dispatch_rule():
     """quant_linear's kernel by M (on sm_90): quant_gemm up to M = 16 (from M = 9 wgmma
-    where K and N are both >= 8192), wgmma from 17 to 32, at 33..64 on weights of >= 1e8
-    elements or where narrow tiles apply with K <= 8192, wgmma above 64."""
+    where K and N are both >= 8192 and K >= 16384), wgmma from 17 to 32, at 33..64 on
+    weights of >= 1e8 elements or where narrow tiles apply with K <= 8192, wgmma above
+    64."""
     from types import SimpleNamespace
 
     from lowvm.kernels.library import runs_wgmma
@@ -211,7 +212,7 @@ def test_library_dispatch_rule():
     assert [runs_wgmma(m, deep) for m in (32, 33, 64, 65)] == [True, False, False, True]
     assert not runs_wgmma(256, weight(4096, 4096, bk=32))
     wide, deep_wide = weight(8192, 10240), weight(28672, 8192)
-    assert [runs_wgmma(m, wide) for m in (1, 8, 9, 16, 17)] == [False] * 2 + [True] * 3
+    assert [runs_wgmma(m, wide) for m in (1, 8, 9, 16, 17)] == [False] * 4 + [True]
     assert [runs_wgmma(m, deep_wide) for m in (8, 9, 16)] == [False, True, True]
     assert not any(runs_wgmma(m, w) for m in (9, 16) for w in (big, small, deep))
 
