@@ -26,6 +26,7 @@ import numpy as np
 
 from lowvm.dtypes import DType, decode
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import DTypeError
 
 __all__ = ["round_to_nearest", "required_scales", "quantize_to_codes", "group_params",
            "quantize_with", "dequantize_with", "code_values"]
@@ -163,6 +164,10 @@ def round_to_nearest(weight: Any, wtype: DType, group: int, zero_point: bool = F
     zeros [G, N] | None)``, computed in float32 on the weight's device."""
     import torch
 
+    if wtype.name == "int1" and not zero_point:
+        raise DTypeError("wtype=int1: it holds only -1 and 0, so a symmetric scale cannot map "
+                         "a group onto it (every scale would be inf); use uint1 with zero "
+                         "points")
     n, k = weight.shape
     w = weight.detach().float().reshape(n, k // group, group)
     scale, zero = group_params(w, wtype, zero_point)

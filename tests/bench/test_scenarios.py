@@ -30,7 +30,8 @@ def test_gemm_scenarios_hold_their_shapes_m_and_methods():
     types = SCENARIOS["types"]
     assert types.shapes == (Shape(4096, 4096),) and types.ms == (1, 16)
     assert set(types.dtypes) == set(weight_type_names())
-    assert {"int1", "int8", "uint4", "float4_e2m1", "float8_e4m3"} <= set(types.dtypes)
+    assert {"uint1", "int8", "uint4", "float4_e2m1", "float8_e4m3"} <= set(types.dtypes)
+    assert "int1" not in types.dtypes  # no symmetric scale maps a group onto {-1, 0}
     assert all(m in METHODS for sc in SCENARIOS.values() for m in sc.methods)
 
 

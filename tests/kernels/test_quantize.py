@@ -24,3 +24,15 @@ def test_quantize_to_codes_is_round_to_nearest(wtype, group):
     np.testing.assert_array_equal(codes, ref_codes.numpy())
     np.testing.assert_array_equal(scales, ref_scales.numpy())
     assert (scales[0] == 1).all()
+
+
+def test_symmetric_int1_is_refused_by_name():
+    """int1 holds -1 and 0 only: a symmetric scale would be inf for every group."""
+    from lowvm.errors import DTypeError
+
+    w = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+    with pytest.raises(DTypeError, match="wtype=int1.*uint1"):
+        quantize_to_codes(w, "int1", 64)
+    codes, scales, zeros = round_to_nearest(torch.from_numpy(w), as_dtype("uint1"), 64,
+                                            zero_point=True)
+    assert torch.isfinite(scales.float()).all() and zeros is not None
