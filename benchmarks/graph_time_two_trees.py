@@ -47,6 +47,7 @@ with torch.no_grad():
               for _ in range(2)]
         for M in (4, 16):
             x = torch.randn(M, K, dtype=torch.float16, device="cuda")
-            print(sys.argv[2], f"{K}x{N}", M,
-                  "lowvm_int4 %.1f" % t([lambda q=q: q(x) for q in qs]),
-                  "cublas_fp16 %.1f" % t([lambda d=d: d(x) for d in ds]), flush=True)
+            lowvm_us = t([lambda q=q, x=x: q(x) for q in qs])
+            cublas_us = t([lambda d=d, x=x: d(x) for d in ds])
+            print(sys.argv[2], f"{K}x{N}", M, f"lowvm_int4 {lowvm_us:.1f}",
+                  f"cublas_fp16 {cublas_us:.1f}", flush=True)
