@@ -79,6 +79,7 @@ produce NaN patterns), every other source or destination type.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -405,15 +406,47 @@ def _plan_int_matched(b: _Builder, perm: np.ndarray) -> None:
     as the constants are per lane), else windows move each code to bit 0 of its lane.
     """
     n, rec = b.rec.nbits, b.rec
-    spliced: dict[tuple[int, int], str] = {}
     held: dict[str, tuple[int, ...]] = {}  # a spliced value -> the stream bytes it holds
     shifted: dict[tuple[str, int], str] = {}
-    straddling = []
+
+    def decode_at(word: str, p: int) -> str:
+        s = next((s for (w, s) in shifted if w == word and 0 <= p - s <= rec.max_t()),
+                 0 if p <= rec.max_t() else None)
+        if s is None:
+            s = p
+            shifted[word, s] = b.op("shr", (word,), (s,))
+        return _int_lanes(b, shifted.get((word, s), word), p - s)
+
+    straddling = _decode_spliced_pairs(b, perm, held, decode_at)
+    words = -(-b.size * n // 32)
+    for l0, a, c in straddling:
+        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
+        gathered = _gather_bytes(b, held, words, (a * n, c * n))
+        if gathered is not None:
+            value = _int_lanes(b, *gathered)
+        else:
+            low = b.window(a * n, 0, n)  # code a at lane 0, bit 0
+            high = b.window(c * n - 16, 16, 16 + n)  # code c at lane 1, bit 0
+            value = _int_lanes(b, b.op("lop3", (low, high, 0x0000FFFF), (LOP3_SELECT,)), 0)
+        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+
+
+def _decode_spliced_pairs(b: _Builder, perm: np.ndarray, held: dict[str, tuple[int, ...]],
+                          decode_at: Callable[[str, int], str]
+                          ) -> list[tuple[int, int, int]]:
+    """The walk the matched plans share: each destination pair ``(l0, l0 + 1)`` whose
+    codes sit at one bit position ``p`` of a low and a high lane is decoded by
+    ``decode_at(word, p)`` from that word (or from two words spliced by one ``lop3`` /
+    ``prmt``, recorded in ``held`` with the stream bytes they hold); returns the other
+    pairs ``(l0, a, c)``, for the caller's straddling-code path."""
+    n = b.rec.nbits
+    spliced: dict[tuple[int, int], str] = {}
+    rest = []
     for l0 in range(0, b.size, 2):
         a, c = int(perm[l0]), int(perm[l0 + 1])
         la, lc = _lane_of(n, a), _lane_of(n, c)
         if not (la and lc and la[1] != lc[1] and la[2] == lc[2]):
-            straddling.append((l0, a, c))
+            rest.append((l0, a, c))
             continue
         b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
         ka, kc, p = la[0], lc[0], la[2]
@@ -430,24 +463,9 @@ def _plan_int_matched(b: _Builder, perm: np.ndarray) -> None:
                     held[word] = (4 * ka + 2, 4 * ka + 3, 4 * kc, 4 * kc + 1)
                 spliced[ka, kc] = word
             word = spliced[ka, kc]
-        s = next((s for (w, s) in shifted if w == word and 0 <= p - s <= rec.max_t()),
-                 0 if p <= rec.max_t() else None)
-        if s is None:
-            s = p
-            shifted[word, s] = b.op("shr", (word,), (s,))
-        value = _int_lanes(b, shifted.get((word, s), word), p - s)
+        value = decode_at(word, p)
         b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
-    words = -(-b.size * n // 32)
-    for l0, a, c in straddling:
-        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
-        gathered = _gather_bytes(b, held, words, (a * n, c * n))
-        if gathered is not None:
-            value = _int_lanes(b, *gathered)
-        else:
-            low = b.window(a * n, 0, n)  # code a at lane 0, bit 0
-            high = b.window(c * n - 16, 16, 16 + n)  # code c at lane 1, bit 0
-            value = _int_lanes(b, b.op("lop3", (low, high, 0x0000FFFF), (LOP3_SELECT,)), 0)
-        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+    return rest
 
 
 def _gather_bytes(b: _Builder, held: dict[str, tuple[int, ...]], words: int,
@@ -584,33 +602,10 @@ def _plan_float_matched(b: _Builder, perm: np.ndarray) -> None:
     pair straddling a boundary gathers its bytes with one ``prmt`` (in this order both
     codes start at one bit of their bytes), else takes the plain order's windows."""
     n, rec = b.rec.nbits, b.rec
-    spliced: dict[tuple[int, int], str] = {}
     held: dict[str, tuple[int, ...]] = {}
     cache: dict[tuple[str, int], str] = {}
-    rest = []
-    for l0 in range(0, b.size, 2):
-        a, c = int(perm[l0]), int(perm[l0 + 1])
-        la, lc = _lane_of(n, a), _lane_of(n, c)
-        if not (la and lc and la[1] != lc[1] and la[2] == lc[2]):
-            rest.append((l0, a, c))
-            continue
-        b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")
-        ka, kc, p = la[0], lc[0], la[2]
-        if ka == kc and la[1] == 0:
-            word = b.word(ka)
-        else:
-            if (ka, kc) not in spliced:
-                wa, wc = b.word(ka), b.word(kc)
-                if la[1] == 0:
-                    word = b.op("lop3", (wa, wc, 0x0000FFFF), (LOP3_SELECT,))
-                    held[word] = (4 * ka, 4 * ka + 1, 4 * kc + 2, 4 * kc + 3)
-                else:
-                    word = b.op("prmt", (wa, wc), (_PRMT_SWAP_SPLICE,))
-                    held[word] = (4 * ka + 2, 4 * ka + 3, 4 * kc, 4 * kc + 1)
-                spliced[ka, kc] = word
-            word = spliced[ka, kc]
-        value = _float_at(b, cache, word, p)
-        b.lanes[a], b.lanes[c] = (value, 0), (value, 1)
+    rest = _decode_spliced_pairs(b, perm, held,
+                                 lambda word, p: _float_at(b, cache, word, p))
     words = -(-b.size * n // 32)
     for l0, a, c in rest:
         b.note(f"locals {l0}, {l0 + 1}: codes {a}, {c}")

@@ -220,15 +220,10 @@ class EagerLaunches:
             return None
         key = (x2d.size(0), run, stream)
         launch = self._launches.get(key)
-        if launch is None:
-            layer = PackedLinear(qweight, scales, zeros, bias, wtype, group_size,
-                                 x2d.size(1))
-            launch = self._prepare(x2d, layer, key, state[2] is not None)
-            if launch is None:
-                return None
-        y = launch(x2d, stream)
-        if y is None:  # the library's plans were cleared: prepare again
-            self._launches.clear()
+        y = None if launch is None else launch(x2d, stream)
+        if y is None:  # not prepared yet, or the library's plans were cleared: prepare
+            if launch is not None:
+                self._launches.clear()
             layer = PackedLinear(qweight, scales, zeros, bias, wtype, group_size,
                                  x2d.size(1))
             launch = self._prepare(x2d, layer, key, state[2] is not None)
