@@ -1,15 +1,21 @@
-"""Serving-time projection fusion: q/k/v into one ``QuantLinear``, gate/up into another.
+"""Serving-time projection fusion: q/k/v into one layer, gate/up into another.
 
 At batch 1 a decode step's GEMMs are small and latency-bound, so each launch and each
 kernel's tail cost about as much as the weights they stream. :func:`fuse_projections`
-turns the 7 quantized GEMMs of a Llama-family layer into 4 (``qkv_proj``, ``o_proj``,
-``gate_up_proj``, ``down_proj``), in place.
+turns the 7 GEMMs of a Llama-family layer into 4 (``qkv_proj``, ``o_proj``,
+``gate_up_proj``, ``down_proj``), in place, for quantized (``QuantLinear``) and dense
+(``nn.Linear`` in float16, bfloat16 or float32) projections alike: a float16 baseline
+fused the same way as a quantized model makes their speed ratio measure the weights, not
+the fusion. A block whose projections are not all of one kind is left as it is.
 
-* **No unpacking.** The kernel's repacked weight stores ``bn x bk`` tiles one after
-  another, K tile major, then N tile (the order :mod:`lowvm.nn.kernel_format` checks
-  against the library), so ``qweight`` viewed as ``[K/bk, N/bn, rows, chunk]`` concatenates
-  along N with one ``torch.cat``; scales, zeros and bias concatenate by column. Should the
-  library ever store tiles otherwise, the codes are unpacked and repacked instead.
+* **Dense layers** concatenate their weights (and biases) along out_features into one
+  ``nn.Linear``: each output element is the same dot product as before.
+* **Quantized layers: no unpacking.** The kernel's repacked weight stores ``bn x bk``
+  tiles one after another, K tile major, then N tile (the order
+  :mod:`lowvm.nn.kernel_format` checks against the library), so ``qweight`` viewed as
+  ``[K/bk, N/bn, rows, chunk]`` concatenates along N with one ``torch.cat``; scales, zeros
+  and bias concatenate by column. Should the library ever store tiles otherwise, the codes
+  are unpacked and repacked instead.
 * **Exactly the model's arithmetic.** Attention keeps its class (a subclass replaces it,
   so ``isinstance`` checks, hooks and attributes stay) and its forward does what the
   Hugging Face forward does, with the helpers of the class's own modeling module
@@ -24,7 +30,7 @@ turns the 7 quantized GEMMs of a Llama-family layer into 4 (``qkv_proj``, ``o_pr
   kernel after the q/k/v GEMM (:func:`lowvm.nn.attention.fused_decode_step`; the same
   results up to rounding, the rotary embedding in float32); every other call is the
   Hugging Face forward as above.
-* **Checkpoints stay unfused.** A fused block's ``state_dict()`` splits its buffers back
+* **Checkpoints stay unfused.** A fused block's ``state_dict()`` splits its tensors back
   into the original keys and tensors (so ``save_pretrained`` writes the unfused model),
   and ``load_state_dict`` of an unfused state dict merges them.
 """
@@ -60,18 +66,22 @@ class FuseError(LowvmError, TypeError, ValueError):
 
 @dataclass
 class FuseReport:
-    """What :func:`fuse_projections` did. ``skipped``: ``(module name, why)`` for every
-    attention/MLP-like module left as it was; blocks fused by an earlier call are counted
-    in ``already_fused``."""
+    """What :func:`fuse_projections` did. ``attention_fused`` and ``mlps_fused`` count
+    every fused block, ``dense_fused`` those of them whose projections are ``nn.Linear``
+    (the rest are quantized). ``skipped``: ``(module name, why)`` for every attention/MLP-
+    like module left as it was; blocks fused by an earlier call are in ``already_fused``."""
 
     attention_fused: int = 0
     mlps_fused: int = 0
     already_fused: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    dense_fused: int = 0
 
     def __str__(self) -> str:
         text = (f"lowvm: fused q/k/v of {self.attention_fused} attention blocks and gate/up "
                 f"of {self.mlps_fused} MLPs")
+        if self.dense_fused:
+            text += f" ({self.dense_fused} of these blocks dense)"
         if self.already_fused:
             text += f" ({self.already_fused} fused before)"
         text += f"; skipped {len(self.skipped)}"
@@ -82,27 +92,67 @@ class FuseReport:
 
 
 # --------------------------------------------------------------------------------------
-# Concatenating and splitting QuantLinear layers along out_features
+# Concatenating and splitting layers along out_features
+
+#: dense weight types fused: those torch runs one GEMM of on every device
+DENSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_KINDS = "a lowvm QuantLinear or a torch.nn.Linear"
+
+
+def _is_dense(layer: Any) -> bool:
+    """A plain ``nn.Linear`` (a subclass may compute something else)."""
+    return type(layer) is nn.Linear
+
+
+def _plain(tensor: Any) -> bool:
+    """A tensor whose concatenation is its data's (no DTensor or quantized subclass)."""
+    return type(tensor) in (nn.Parameter, torch.Tensor)
+
+
+def _dense_problem(name: str, layer: nn.Linear) -> str | None:
+    for what, tensor in (("weight", layer.weight), ("bias", layer.bias)):
+        if tensor is not None and not _plain(tensor):
+            return (f"{name}.{what} is a {type(tensor).__name__}, not a plain tensor; "
+                    "only plain weights concatenate into one GEMM")
+    if layer.weight.dtype not in DENSE_DTYPES:
+        return (f"{name} has dtype {layer.weight.dtype}; dense layers are fused in "
+                f"{', '.join(str(d) for d in DENSE_DTYPES)}")
+    return None
 
 
 def _layer_problem(name: str, layer: Any) -> str | None:
-    if type(layer) is not QuantLinear:
-        return (f"{name} is {type(layer).__name__}, not a lowvm QuantLinear (quantize the "
-                "model first; only quantized projections are fused)")
+    if type(layer) is not QuantLinear and not _is_dense(layer):
+        return f"{name} is {type(layer).__name__}, not {_KINDS}"
     if _has_hooks(layer):
         return f"{name} has hooks, which a fused layer would drop"
-    return None
+    return _dense_problem(name, layer) if _is_dense(layer) else None
+
+
+def _differences(layer: Any, first: Any) -> list[tuple[str, Any, Any]]:
+    """(what, this layer's, the first layer's) of every property one GEMM needs equal."""
+    if _is_dense(layer):
+        return [("in_features", layer.in_features, first.in_features),
+                ("dtype", layer.weight.dtype, first.weight.dtype),
+                ("device", layer.weight.device, first.weight.device),
+                ("bias", None if layer.bias is None else layer.bias.dtype,
+                 None if first.bias is None else first.bias.dtype),
+                ("requires_grad", layer.weight.requires_grad, first.weight.requires_grad)]
+    return [("in_features", layer.in_features, first.in_features),
+            ("format (dtype, group_size, zero_point)", layer.spec, first.spec),
+            ("device", layer.qweight.device, first.qweight.device),
+            ("bias", None if layer.bias is None else layer.bias.dtype,
+             None if first.bias is None else first.bias.dtype)]
 
 
 def concat_problem(layers: Sequence[Any], names: Sequence[str] | None = None) -> str | None:
     """Why ``layers`` cannot be concatenated along out_features (a sentence), or None."""
     if not isinstance(layers, Sequence | nn.ModuleList) or isinstance(layers, str):
-        return (f"layers must be a list or tuple of QuantLinear layers; got "
+        return (f"layers must be a list or tuple of QuantLinear or nn.Linear layers; got "
                 f"{type(layers).__name__}")
     layers = list(layers)
     names = list(names) if names is not None else [f"layers[{i}]" for i in range(len(layers))]
     if not layers:
-        return "layers is empty; give one or more QuantLinear layers"
+        return "layers is empty; give one or more QuantLinear or nn.Linear layers"
     if len(names) != len(layers):
         return f"names has {len(names)} entries for {len(layers)} layers"
     for name, layer in zip(names, layers, strict=True):
@@ -111,14 +161,15 @@ def concat_problem(layers: Sequence[Any], names: Sequence[str] | None = None) ->
             return problem
     first = layers[0]
     for name, layer in zip(names[1:], layers[1:], strict=True):
-        for what, mine, theirs in (
-                ("in_features", layer.in_features, first.in_features),
-                ("format (dtype, group_size, zero_point)", layer.spec, first.spec),
-                ("device", layer.qweight.device, first.qweight.device),
-                ("bias", None if layer.bias is None else layer.bias.dtype,
-                 None if first.bias is None else first.bias.dtype)):
+        if type(layer) is not type(first):
+            return (f"{name} is {type(layer).__name__}, {names[0]} is {type(first).__name__}:"
+                    " a block of quantized and dense projections has no one GEMM (quantize "
+                    "all of them or none)")
+        for what, mine, theirs in _differences(layer, first):
             if mine != theirs:
                 return f"{name} has {what} {mine!r}, {names[0]} has {theirs!r}"
+        if _is_dense(layer):
+            continue
         if (layer.input_perm is None) != (first.input_perm is None) or (
                 layer.input_perm is not None and first.input_perm is not None
                 and not torch.equal(layer.input_perm, first.input_perm)):
@@ -168,18 +219,43 @@ def _own(part: torch.Tensor) -> torch.Tensor:
     return part.clone(memory_format=torch.contiguous_format)
 
 
-def concat_out_features(layers: Sequence[QuantLinear]) -> QuantLinear:
-    """One ``QuantLinear`` whose output is ``torch.cat([l(x) for l in layers], -1)``.
+def _storage_of(layer: nn.Module) -> torch.Tensor:
+    """The tensor that says where a layer's weights live."""
+    return layer.weight if _is_dense(layer) else layer.qweight
 
-    The layers must share in_features, format, device, bias presence and dtype, and input
-    permutation (else :class:`FuseError`). The originals are not changed; the caller drops
-    them, so only one copy of the weights outlives the call.
+
+def _concat_dense(layers: list[nn.Linear]) -> nn.Linear:
+    first = layers[0]
+    weight = first.weight
+    fused = nn.Linear(first.in_features, sum(la.out_features for la in layers),
+                      bias=first.bias is not None, device="meta", dtype=weight.dtype)
+    with torch.no_grad():
+        fused.weight = nn.Parameter(torch.cat([la.weight for la in layers]),
+                                    requires_grad=weight.requires_grad)
+        if first.bias is not None:
+            fused.bias = nn.Parameter(torch.cat([la.bias for la in layers]),
+                                      requires_grad=first.bias.requires_grad)
+    return fused
+
+
+def concat_out_features(layers: Sequence[Any]) -> Any:
+    """One layer whose output is ``torch.cat([l(x) for l in layers], -1)``: a
+    ``QuantLinear`` of ``QuantLinear`` layers, an ``nn.Linear`` of ``nn.Linear`` layers.
+
+    The layers must be of one kind and share in_features, format (dense: dtype and
+    requires_grad), device, bias presence and dtype, and input permutation (else
+    :class:`FuseError`). The originals are not changed; the caller drops them, so only
+    one copy of the weights outlives the call.
     """
     problem = concat_problem(layers)
     if problem:
         raise FuseError(f"concat_out_features: {problem}")
     layers = list(layers)
     first = layers[0]
+    if _is_dense(first):
+        fused = _concat_dense(layers)
+        fused.train(first.training)
+        return fused
     sizes = [layer.out_features for layer in layers]
     fused = QuantLinear(first.in_features, sum(sizes), first.spec.wtype, first.spec.group_size,
                         first.spec.zero_point, bias=first.bias is not None,
@@ -196,27 +272,28 @@ def concat_out_features(layers: Sequence[QuantLinear]) -> QuantLinear:
     return fused
 
 
-def _split_entry(key: str, value: Any, layer: QuantLinear,
+def _split_entry(key: str, value: Any, layer: nn.Module,
                  sizes: Sequence[int]) -> list[Any]:
     """One state-dict entry of a fused layer as the entries of its parts."""
     if key == "qweight":
         return _split_qweight(value, sizes, layer)
     if key in ("scales", "zeros"):
         return [_own(part) for part in value.split(list(sizes), dim=1)]
-    if key == "bias":
+    if key in ("bias", "weight"):
         return [_own(part) for part in value.split(list(sizes))]
     return [_own(value) if isinstance(value, torch.Tensor) else value for _ in sizes]
 
 
-def _merge_entries(key: str, values: list[Any], layer: QuantLinear,
+def _merge_entries(key: str, values: list[Any], layer: nn.Module,
                    sizes: Sequence[int]) -> Any:
     """The entries of the parts as the fused layer's entry (inverse of _split_entry)."""
-    device = values[0].device if layer.qweight.is_meta else layer.qweight.device
+    storage = _storage_of(layer)
+    device = values[0].device if storage.is_meta else storage.device
     if key == "qweight":
         return _concat_qweight([v.to(device) for v in values], sizes, layer)
     if key in ("scales", "zeros"):
         return torch.cat([v.to(device) for v in values], 1)
-    if key == "bias":
+    if key in ("bias", "weight"):
         return torch.cat([v.to(device) for v in values])
     if key == _EXTRA_STATE_KEY_SUFFIX:  # a differing record is passed on: its check refuses
         own = layer.get_extra_state()
@@ -225,11 +302,13 @@ def _merge_entries(key: str, values: list[Any], layer: QuantLinear,
     return values[0]  # input_perm: the parts' (checked equal by the loader's copy)
 
 
-def _expected_shape(key: str, layer: QuantLinear, n: int) -> tuple[int, ...] | None:
+def _expected_shape(key: str, layer: nn.Module, n: int) -> tuple[int, ...] | None:
     if key == "qweight":
         return tuple(layer.kernel_format.shape(n, layer.in_features))
     if key in ("scales", "zeros"):
         return (layer.in_features // layer.spec.group_size, n)
+    if key == "weight":
+        return (n, layer.in_features)
     if key == "bias":
         return (n,)
     return None
@@ -281,9 +360,7 @@ def _merge_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str
     fused: dict[str, tuple[tuple[str, int], ...]] = getattr(module, _FUSED_ATTR)
     for child, parts in fused.items():
         layer = getattr(module, child)
-        locals_ = [*(name for name, buf in layer._buffers.items()
-                     if buf is not None and name not in layer._non_persistent_buffers_set),
-                   _EXTRA_STATE_KEY_SUFFIX]
+        locals_ = _state_keys(layer)
         keys = {local: [f"{prefix}{part}.{local}" for part, _ in parts] for local in locals_}
         if not all(k in state_dict for ks in keys.values() for k in ks):
             continue
@@ -305,6 +382,16 @@ def _merge_state_dict(module: nn.Module, state_dict: dict[str, Any], prefix: str
             continue
         for local, vals in values.items():
             state_dict[f"{prefix}{child}.{local}"] = _merge_entries(local, vals, layer, sizes)
+
+
+def _state_keys(layer: nn.Module) -> list[str]:
+    """The keys of ``layer``'s own state-dict entries (relative to the layer)."""
+    keys = [name for name, param in layer._parameters.items() if param is not None]
+    keys += [name for name, buf in layer._buffers.items()
+             if buf is not None and name not in layer._non_persistent_buffers_set]
+    if type(layer).get_extra_state is not nn.Module.get_extra_state:
+        keys.append(_EXTRA_STATE_KEY_SUFFIX)
+    return keys
 
 
 def _mark_fused(module: nn.Module, child: str, parts: tuple[tuple[str, int], ...]) -> None:
@@ -473,18 +560,19 @@ def _known(cls: type, table: Any) -> str | None:
 class FusedGateUpMLP(nn.Module):
     """A Llama-style MLP with gate and up in one GEMM: ``down(act(gate) * up)``."""
 
-    def __init__(self, gate_up_proj: QuantLinear, down_proj: nn.Module,
+    def __init__(self, gate_up_proj: QuantLinear | nn.Linear, down_proj: nn.Module,
                  act_fn: Callable[[torch.Tensor], torch.Tensor],
                  intermediate_size: int) -> None:
         super().__init__()
-        # its state dict splits gate_up_proj's QuantLinear buffers in two halves
-        if type(gate_up_proj) is not QuantLinear or \
-                gate_up_proj.out_features != 2 * intermediate_size:
-            raise FuseError(f"FusedGateUpMLP: gate_up_proj must be a QuantLinear with "
+        # its state dict splits gate_up_proj's entries in two halves, which only these
+        # layers' entries do (by out_features)
+        kind_ok = type(gate_up_proj) is QuantLinear or _is_dense(gate_up_proj)
+        if not kind_ok or gate_up_proj.out_features != 2 * intermediate_size:
+            raise FuseError(f"FusedGateUpMLP: gate_up_proj must be {_KINDS} with "
                             f"out_features 2 * intermediate_size = {2 * intermediate_size}; got "
                             f"{type(gate_up_proj).__name__}"
                             + (f" with out_features {gate_up_proj.out_features}"
-                               if isinstance(gate_up_proj, QuantLinear) else ""))
+                               if kind_ok else ""))
         self.gate_up_proj = gate_up_proj
         self.down_proj = down_proj
         self.act_fn = act_fn
@@ -623,7 +711,15 @@ def _is_mlp_like(module: nn.Module) -> bool:
     return all(hasattr(module, n) for n in ("gate_proj", "up_proj", "down_proj"))
 
 
-def _attention_problem(attn: nn.Module, shared: set[int]) -> str | None:
+_DENSE_OFF = ("dense projections; fuse_projections(model, dense=True) fuses them too "
+              "(dense=False: quantized blocks only)")
+
+
+def _dense_off(parts: Sequence[Any], dense: bool) -> str | None:
+    return _DENSE_OFF if not dense and all(_is_dense(p) for p in parts) else None
+
+
+def _attention_problem(attn: nn.Module, shared: set[int], dense: bool) -> str | None:
     why = _known(type(attn), _ATTENTION)
     if why:
         return why
@@ -632,10 +728,10 @@ def _attention_problem(attn: nn.Module, shared: set[int]) -> str | None:
     parts = [attn.q_proj, attn.k_proj, attn.v_proj]
     if any(id(p) in shared for p in parts):
         return "q_proj/k_proj/v_proj is shared with another module"
-    return concat_problem(parts, ["q_proj", "k_proj", "v_proj"])
+    return concat_problem(parts, ["q_proj", "k_proj", "v_proj"]) or _dense_off(parts, dense)
 
 
-def _mlp_problem(mlp: nn.Module, shared: set[int]) -> str | None:
+def _mlp_problem(mlp: nn.Module, shared: set[int], dense: bool) -> str | None:
     why = _known(type(mlp), _MLP)
     if why:
         return why
@@ -643,10 +739,11 @@ def _mlp_problem(mlp: nn.Module, shared: set[int]) -> str | None:
         return "the MLP or its gate_proj/up_proj is shared with another module"
     if _has_hooks(mlp):
         return "the MLP has hooks, which its replacement would not have"
-    if mlp.gate_proj.out_features != mlp.up_proj.out_features:
-        return (f"gate_proj has out_features {mlp.gate_proj.out_features}, up_proj "
-                f"{mlp.up_proj.out_features}")
-    return concat_problem([mlp.gate_proj, mlp.up_proj], ["gate_proj", "up_proj"])
+    parts = [mlp.gate_proj, mlp.up_proj]
+    return (concat_problem(parts, ["gate_proj", "up_proj"]) or _dense_off(parts, dense)
+            or (None if mlp.gate_proj.out_features == mlp.up_proj.out_features else
+                f"gate_proj has out_features {mlp.gate_proj.out_features}, up_proj "
+                f"{mlp.up_proj.out_features}"))
 
 
 def _shared_modules(model: nn.Module) -> set[int]:
@@ -678,18 +775,24 @@ def _fuse_mlp(mlp: nn.Module) -> FusedGateUpMLP:
     return new
 
 
-def fuse_projections(model: nn.Module) -> FuseReport:
-    """Fuse q/k/v and gate/up projections of ``model``'s quantized layers, in place.
+def fuse_projections(model: nn.Module, *, dense: bool = True) -> FuseReport:
+    """Fuse the q/k/v and the gate/up projections of ``model``'s blocks, in place.
 
-    Every candidate (an attention with q/k/v projections, an MLP with gate/up/down) is
-    checked first; those that cannot be fused exactly are listed in the report with the
-    reason, and nothing about them changes. Idempotent: fused blocks are recognised and
-    left alone. Each fused block's weights are built before its originals are dropped, so
-    at most one block's q/k/v (or gate/up) exists twice at any moment.
+    A block is fused when its projections are all ``QuantLinear`` of one format or, with
+    ``dense`` (the default: a float16 model gets the same fewer, larger GEMMs as a
+    quantized one), all ``nn.Linear`` of one dtype (float16, bfloat16 or float32) and
+    device; ``dense=False`` leaves dense blocks alone. Every candidate (an attention with
+    q/k/v projections, an MLP with gate/up/down) is checked first; those that cannot be
+    fused exactly, mixed quantized/dense blocks among them, are listed in the report with
+    the reason, and nothing about them changes. Idempotent: fused blocks are recognised
+    and left alone. Each fused block's weights are built before its originals are
+    dropped, so at most one block's q/k/v (or gate/up) exists twice at any moment.
     """
     if not isinstance(model, nn.Module):
         raise FuseError(f"fuse_projections: model must be a torch.nn.Module; got "
                         f"{type(model).__name__}")
+    if not isinstance(dense, bool):
+        raise FuseError(f"fuse_projections: dense must be True or False; got {dense!r}")
     report = FuseReport()
     shared = _shared_modules(model)
     attentions: list[nn.Module] = []
@@ -698,22 +801,26 @@ def fuse_projections(model: nn.Module) -> FuseReport:
         if getattr(module, _FUSED_ATTR, None) is not None:
             report.already_fused += 1
         elif _is_attention_like(module):
-            why = _attention_problem(module, shared)
+            why = _attention_problem(module, shared, dense)
             if why:
                 report.skipped.append((name, why))
             else:
                 attentions.append(module)
         elif _is_mlp_like(module):
             why = ("the model itself is the MLP; fuse_projections replaces MLPs inside a "
-                   "model") if not name else _mlp_problem(module, shared)
+                   "model") if not name else _mlp_problem(module, shared, dense)
             if why:
                 report.skipped.append((name, why))
             else:
                 mlps.append(name)
     for attn in attentions:
+        report.dense_fused += _is_dense(attn.q_proj)
         _fuse_attention(attn)
         report.attention_fused += 1
     for name in mlps:
-        set_module(model, name, _fuse_mlp(model.get_submodule(name)))  # the old MLP is dropped
+        mlp = model.get_submodule(name)
+        report.dense_fused += _is_dense(mlp.gate_proj)
+        set_module(model, name, _fuse_mlp(mlp))  # the old MLP is dropped
+        del mlp
         report.mlps_fused += 1
     return report

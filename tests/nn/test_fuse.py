@@ -151,7 +151,9 @@ def test_concat_with_equal_act_order_permutations():
     (lambda: _layers("int3", sizes=(64,))[0], "format"),
     (lambda: _layers(group=32, sizes=(64,))[0], "format"),
     (lambda: _layers(bias=True, sizes=(64,))[0], "bias"),
-    (lambda: torch.nn.Linear(128, 64).half(), "not a lowvm QuantLinear"),
+    (lambda: torch.nn.Linear(128, 64).half(), "layers\\[2\\] is Linear, layers\\[0\\] is "
+                                               "QuantLinear: a block of quantized and dense"),
+    (lambda: torch.nn.Conv1d(128, 64, 1), "is Conv1d, not a lowvm QuantLinear or a torch"),
 ])
 def test_concat_refuses_layers_of_different_formats(change, message):
     layers = _layers(sizes=(128, 64))
@@ -163,8 +165,8 @@ def test_concat_refuses_layers_of_different_formats(change, message):
 
 
 @pytest.mark.parametrize("arg,message", [
-    (lambda layers: layers[0], "layers must be a list or tuple of QuantLinear layers; got "
-                               "QuantLinear"),
+    (lambda layers: layers[0], "layers must be a list or tuple of QuantLinear or nn.Linear "
+                               "layers; got QuantLinear"),
     (lambda layers: [], "layers is empty"),
 ])
 def test_concat_names_a_bad_layers_argument(arg, message):
@@ -174,13 +176,18 @@ def test_concat_names_a_bad_layers_argument(arg, message):
                        concat_out_features(_layers()).qweight)
 
 
-def test_fused_mlp_takes_only_a_quantized_gate_up_of_twice_the_width():
+def test_fused_mlp_takes_only_a_gate_up_layer_of_twice_the_width():
     gate_up = _layers(sizes=(128,))[0]
     with pytest.raises(FuseError, match=r"out_features 2 \* intermediate_size = 256; got "
                        "QuantLinear with out_features 128"):
         FusedGateUpMLP(gate_up, torch.nn.Identity(), torch.nn.SiLU(), 128)
-    with pytest.raises(FuseError, match="got Linear"):
-        FusedGateUpMLP(torch.nn.Linear(128, 128), torch.nn.Identity(), torch.nn.SiLU(), 64)
+    with pytest.raises(FuseError, match="got Linear with out_features 100"):
+        FusedGateUpMLP(torch.nn.Linear(128, 100), torch.nn.Identity(), torch.nn.SiLU(), 64)
+    with pytest.raises(FuseError, match="a lowvm QuantLinear or a torch.nn.Linear with "
+                       "out_features 2 \\* intermediate_size = 128; got Identity$"):
+        FusedGateUpMLP(torch.nn.Identity(), torch.nn.Identity(), torch.nn.SiLU(), 64)
+    assert FusedGateUpMLP(torch.nn.Linear(128, 128), torch.nn.Identity(), torch.nn.SiLU(),
+                          64).gate_up_proj.out_features == 128
     assert FusedGateUpMLP(gate_up, torch.nn.Identity(), torch.nn.SiLU(), 64).intermediate_size \
         == 64
 
@@ -439,13 +446,14 @@ def test_no_candidates_returns_an_empty_report():
     assert "fused q/k/v of 0 attention blocks" in str(report)
 
 
-def test_dense_model_is_skipped_with_reasons_and_unchanged():
+def test_dense_model_with_dense_false_is_skipped_with_reasons_and_unchanged():
     model = tiny_llama()
     keys = list(model.state_dict())
-    report = fuse_projections(model)
-    assert report.attention_fused == report.mlps_fused == 0
+    report = fuse_projections(model, dense=False)
+    assert report.attention_fused == report.mlps_fused == report.dense_fused == 0
     assert len(report.skipped) == 4
-    assert all("not a lowvm QuantLinear" in why for _, why in report.skipped)
+    assert all("dense projections; fuse_projections(model, dense=True)" in why
+               for _, why in report.skipped)
     assert ("model.layers.0.self_attn", report.skipped[0][1]) == report.skipped[0]
     assert list(model.state_dict()) == keys
 
