@@ -8,6 +8,10 @@ host (numpy) and back. Every schedule reads the same format (``FORMAT_BN`` wide 
 ``FORMAT_WARPS_N`` warps); the GPU programs of :mod:`lowvm.kernels.repack` write it too.
 :class:`WeightFormat` is that format for one ``(wtype, bk)``, the object the weight
 preparation and :mod:`lowvm.nn` hold.
+
+Each of these takes an ``order`` (:data:`STORED_ORDERS`): None, the default, is the order
+the kernels read; ``"plain"`` is the MMA order, in which earlier lowvm stored 3..7-bit
+floats, so that their saved weights can be read back and stored again.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import lowvm.lang as vm
 from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
+from lowvm.errors import LayoutError
 from lowvm.ir import ProgramError
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs
@@ -30,7 +35,18 @@ from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
 __all__ = ["WeightLayouts", "weight_layouts", "stored_order", "schedule_layouts",
            "repack_index", "repack_weights", "unpack_repacked", "interleave_chunks",
            "deinterleave_chunks", "FORMAT_BN", "FORMAT_WARPS_N", "WeightFormat",
-           "weight_format", "weight_bk", "layer_weight_format"]
+           "weight_format", "weight_bk", "layer_weight_format", "STORED_ORDERS"]
+
+#: the ``order`` arguments: None, the order the kernels read (:func:`stored_order`), or
+#: "plain", the MMA order (what 3..7-bit floats were stored in before they took
+#: split_pairs; kept so that such checkpoints can be converted)
+STORED_ORDERS = (None, "plain")
+
+
+def _check_order(order: str | None) -> None:
+    if order not in STORED_ORDERS:
+        raise LayoutError(f"weight format: order must be one of {list(STORED_ORDERS)}; "
+                          f"got {order!r}")
 
 
 @dataclass(frozen=True)
@@ -57,7 +73,7 @@ class WeightLayouts:
 
 
 def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_n: int,
-                   adtype: DType = vm.float16) -> WeightLayouts:
+                   adtype: DType = vm.float16, order: str | None = None) -> WeightLayouts:
     """How a ``bk x bn`` tile of ``wtype`` sits in registers (see module docstring).
 
     The B layout of m16n8k16 is the same for float16 and bfloat16, so one repacked
@@ -77,16 +93,21 @@ def weight_layouts(wtype: DType, bm: int, bn: int, bk: int, warps_m: int, warps_
                                           * local(1, chunk))
     packed_3d = local(nbytes // chunk, 1, 1) * (reduce(spatial(warps_m, 1, rows, 1), [0])
                                                 * local(1, 1, chunk))
-    return WeightLayouts(lay, nbytes, rows, chunk, packed, stored_order(lay.b, wtype, adtype),
-                         packed_3d)
+    return WeightLayouts(lay, nbytes, rows, chunk, packed,
+                         stored_order(lay.b, wtype, adtype, order), packed_3d)
 
 
-def stored_order(values: RegisterLayout, wtype: DType, adtype: DType) -> RegisterLayout:
+def stored_order(values: RegisterLayout, wtype: DType, adtype: DType,
+                 order: str | None = None) -> RegisterLayout:
     """The order a thread's codes are stored in: ``values`` (the MMA order), or for
     1..7-bit types its :func:`~lowvm.layouts.split_pairs` order, in which the
     bit-trick cast yields MMA register pairs directly (no ``prmt`` for 1/2/4 bits; see
     :func:`~lowvm.codegen.fast_cast.pair_span`); ``cast(..., layout=values)`` turns one
-    into the other by renaming registers."""
+    into the other by renaming registers. ``order="plain"`` gives ``values`` always
+    (:data:`STORED_ORDERS`)."""
+    if order is not None:
+        _check_order(order)
+        return values
     span = pair_span(wtype, adtype, values.local_size)
     return values if span is None else split_pairs(values, span)
 
@@ -110,45 +131,47 @@ FORMAT_BN = 64
 FORMAT_WARPS_N = 4
 
 
-def repack_index(wtype: DType | str, n: int, schedule: GemmSchedule
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def repack_index(wtype: DType | str, n: int, schedule: GemmSchedule,
+                 order: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Where a repacked K tile's values come from: ``(rows [NT, T, L], cols [T, L])``.
 
     Tile ``kt`` of the repacked weight is ``pack(codes[rows, kt * bk + cols])``: for each
     N tile, each thread with distinct data (T of them) and each of its L values in
     register order. One K tile at a time keeps the index arrays small.
     """
-    lw = schedule_layouts(wtype, schedule)
+    lw = schedule_layouts(wtype, schedule, order)
     table = np.asarray(lw.values.table[: lw.rows])  # [T, L, (k, n)]
     rows = np.arange(n // schedule.bn)[:, None, None] * schedule.bn + table[None, :, :, 1]
     return rows, table[:, :, 0]
 
 
-def schedule_layouts(wtype: DType | str, schedule: GemmSchedule) -> WeightLayouts:
+def schedule_layouts(wtype: DType | str, schedule: GemmSchedule, order: str | None = None
+                     ) -> WeightLayouts:
     """:func:`weight_layouts` of a schedule."""
     s = schedule
-    return weight_layouts(as_dtype(wtype), s.bm, s.bn, s.bk, s.warps_m, s.warps_n)
+    return weight_layouts(as_dtype(wtype), s.bm, s.bn, s.bk, s.warps_m, s.warps_n,
+                          order=order)
 
 
-def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule
-                   ) -> np.ndarray:
+def repack_weights(codes: np.ndarray, wtype: DType | str, schedule: GemmSchedule,
+                   order: str | None = None) -> np.ndarray:
     """Codes ``[N, K]`` (integers of ``wtype``) -> repacked bytes for :func:`quant_gemm`."""
     wt = as_dtype(wtype)
     n, k = codes.shape
-    rows, cols = repack_index(wt, n, schedule)
+    rows, cols = repack_index(wt, n, schedule, order)
     stream = np.stack([codes[rows, kt * schedule.bk + cols] for kt in range(k // schedule.bk)])
-    lw = schedule_layouts(wt, schedule)
+    lw = schedule_layouts(wt, schedule, order)
     per_thread = pack(stream.reshape(-1), wt).reshape(-1, lw.bytes_per_thread)
     return interleave_chunks(per_thread, lw)
 
 
 def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
-                    schedule: GemmSchedule) -> np.ndarray:
+                    schedule: GemmSchedule, order: str | None = None) -> np.ndarray:
     """The inverse of :func:`repack_weights`: codes ``[N, K]``."""
     wt = as_dtype(wtype)
-    rows, cols = repack_index(wt, n, schedule)
+    rows, cols = repack_index(wt, n, schedule, order)
     tiles = k // schedule.bk
-    per_thread = deinterleave_chunks(packed, schedule_layouts(wt, schedule))
+    per_thread = deinterleave_chunks(packed, schedule_layouts(wt, schedule, order))
     values = unpack(per_thread.reshape(-1), wt, tiles * rows.size).reshape(tiles, *rows.shape)
     codes = np.zeros((n, k), dtype=values.dtype)
     for kt in range(tiles):
@@ -159,12 +182,17 @@ def unpack_repacked(packed: np.ndarray, wtype: DType | str, n: int, k: int,
 @dataclass(frozen=True)
 class WeightFormat:
     """The repacked format of ``wtype`` weights with K tile ``bk``: ``bn``-wide N tiles read
-    by ``warps_n`` warps, whatever schedule then reads them."""
+    by ``warps_n`` warps, whatever schedule then reads them; ``order`` None is the one the
+    kernels read (:data:`STORED_ORDERS`)."""
 
     wtype: DType
     bk: int
     bn: int = FORMAT_BN
     warps_n: int = FORMAT_WARPS_N
+    order: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_order(self.order)
 
     @property
     def schedule(self) -> GemmSchedule:
@@ -174,7 +202,7 @@ class WeightFormat:
     @property
     def layouts(self) -> WeightLayouts:
         """Register layouts of one format tile."""
-        return schedule_layouts(self.wtype, self.schedule)
+        return schedule_layouts(self.wtype, self.schedule, self.order)
 
     @property
     def chunk(self) -> int:
@@ -193,7 +221,9 @@ class WeightFormat:
 
     @property
     def key(self) -> str:
-        """What names the format apart from its bytes (the seed of a fingerprint)."""
+        """What names the format apart from its bytes (the seed of a fingerprint). The
+        order is not in it: it shows in the bytes, and an earlier order's fingerprint is
+        then the one earlier lowvm computed."""
         return f"{self.wtype.name}/bk={self.bk}/bn={self.bn}"
 
     def shape(self, n: int, k: int) -> tuple[int, int]:
@@ -202,21 +232,27 @@ class WeightFormat:
 
     def repack(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[N, K]`` -> the repacked bytes (:func:`repack_weights`)."""
-        return repack_weights(codes, self.wtype, self.schedule)
+        if self.order is None:  # the kernels' order: the library's call as it stands
+            return repack_weights(codes, self.wtype, self.schedule)
+        return repack_weights(codes, self.wtype, self.schedule, self.order)
 
     def unpack(self, packed: np.ndarray, n: int, k: int) -> np.ndarray:
         """Repacked bytes -> codes ``[N, K]`` (:func:`unpack_repacked`)."""
-        return unpack_repacked(packed, self.wtype, n, k, self.schedule)
+        if self.order is None:
+            return unpack_repacked(packed, self.wtype, n, k, self.schedule)
+        return unpack_repacked(packed, self.wtype, n, k, self.schedule, self.order)
 
 
 @functools.cache
-def _weight_format(wtype: DType, bk: int) -> WeightFormat:
-    return WeightFormat(wtype, bk)
+def _weight_format(wtype: DType, bk: int, order: str | None) -> WeightFormat:
+    return WeightFormat(wtype, bk, order=order)
 
 
-def weight_format(wtype: DType | str, bk: int) -> WeightFormat:
-    """The :class:`WeightFormat` of ``wtype`` with K tile ``bk`` (one object per pair)."""
-    return _weight_format(as_dtype(wtype), bk)
+def weight_format(wtype: DType | str, bk: int, order: str | None = None) -> WeightFormat:
+    """The :class:`WeightFormat` of ``wtype`` with K tile ``bk`` (one object per pair) in
+    ``order`` (None: the kernels')."""
+    _check_order(order)
+    return _weight_format(as_dtype(wtype), bk, order)
 
 
 def weight_bk(group: int, k: int) -> int:

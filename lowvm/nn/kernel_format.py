@@ -17,6 +17,13 @@ conversion goes through the library's numpy functions instead: slower, still exa
 
 :attr:`KernelFormat.fingerprint` hashes the library's output on all those probes, so any
 change of the format changes it; saved layers record it (see ``quant_linear``).
+
+Earlier layouts the library can still produce (its ``order`` argument,
+:data:`~lowvm.kernels.weight_format.STORED_ORDERS`: 3..7-bit floats were stored in the
+plain MMA order before they took split_pairs) get fingerprints the same way, equal to the
+ones earlier lowvm recorded. :func:`earlier_kernel_format` finds the one a saved record
+names, so that a checkpoint in it is converted (unpacked in that layout, repacked in the
+current one) instead of refused; :class:`LayoutConvertedWarning` says so.
 """
 
 from __future__ import annotations
@@ -30,10 +37,11 @@ import torch
 
 from lowvm.dtypes import DType
 from lowvm.dtypes import dtype as as_dtype
-from lowvm.kernels.weight_format import layer_weight_format, weight_format
+from lowvm.kernels.weight_format import STORED_ORDERS, layer_weight_format, weight_format
 from lowvm.nn.errors import QuantizationError
 
-__all__ = ["KernelFormat", "kernel_format", "layer_kernel_format"]
+__all__ = ["KernelFormat", "kernel_format", "layer_kernel_format", "earlier_kernel_format",
+           "LayoutConvertedWarning"]
 
 _BITS_PER_BLOCK = 1 << 24  # bound on the uint8 bit tensor of one conversion step
 
@@ -57,12 +65,13 @@ class KernelFormat:
     path of :attr:`format` (the library's :class:`WeightFormat`, which holds the geometry).
 
     ``fast``: the per-bit map was derived and checked (torch gathers on the tensors'
-    device); otherwise the library's numpy repacker runs on the host.
+    device); otherwise the library's numpy repacker runs on the host. ``order``: the
+    library's stored order (None: the one its kernels read).
     """
 
-    def __init__(self, wtype: DType, bk: int) -> None:
-        self.wtype, self.bk = wtype, bk
-        self.format = weight_format(wtype, bk)
+    def __init__(self, wtype: DType, bk: int, order: str | None = None) -> None:
+        self.wtype, self.bk, self.order = wtype, bk, order
+        self.format = weight_format(wtype, bk, order)
         self.schedule = self.format.schedule
         self.bn = self.format.bn
         self.chunk = self.format.chunk
@@ -199,23 +208,47 @@ class KernelFormat:
         return tiles.permute(1, 2, 0, 3).reshape(n, k)
 
 
-def kernel_format(wtype: DType | str, bk: int) -> KernelFormat:
+def kernel_format(wtype: DType | str, bk: int, order: str | None = None) -> KernelFormat:
     """The format of ``wtype`` weights with K tile ``bk`` (:func:`lowvm.kernels.
-    weight_format.weight_bk` of the group size and K), derived once per process."""
-    return _cached(as_dtype(wtype), bk)
+    weight_format.weight_bk` of the group size and K), derived once per process; ``order``
+    None is the one the kernels read."""
+    return _cached(as_dtype(wtype), bk, order)
+
+
+class LayoutConvertedWarning(UserWarning):
+    """A checkpoint's weights were saved in an earlier kernel layout and were converted
+    while loading; saving the model again stores the current layout."""
+
+
+def earlier_kernel_format(wtype: DType | str, bk: int, fingerprint: str | None
+                          ) -> KernelFormat | None:
+    """The earlier layout of ``wtype`` with K tile ``bk`` whose fingerprint is
+    ``fingerprint``, or None (the current layout's, or one this lowvm cannot derive).
+
+    Only orders the library still produces are tried, so a match is exact: the
+    fingerprint hashes that layout's bytes on every probe weight."""
+    current = kernel_format(wtype, bk)
+    if fingerprint is None or fingerprint == current.fingerprint:
+        return None
+    for order in STORED_ORDERS:
+        if order is not None:
+            fmt = kernel_format(wtype, bk, order)
+            if fmt.fingerprint == fingerprint:
+                return fmt
+    return None
 
 
 def layer_kernel_format(wtype: DType | str, group: int, k: int) -> KernelFormat:
     """:func:`kernel_format` of a weight of ``k`` inputs in groups of ``group``
     (:func:`~lowvm.kernels.weight_format.layer_weight_format`)."""
     fmt = layer_weight_format(wtype, group, k)
-    return _cached(fmt.wtype, fmt.bk)
+    return _cached(fmt.wtype, fmt.bk, None)
 
 
 @functools.cache
-def _cached(wtype: DType, bk: int) -> KernelFormat:
+def _cached(wtype: DType, bk: int, order: str | None) -> KernelFormat:
     """Built on the CPU whatever default device is in force: the first format of a process
     may be asked for while transformers builds a model on the meta device (loading a
     checkpoint), where probe tensors would hold no data."""
     with torch.device("cpu"):
-        return KernelFormat(wtype, bk)
+        return KernelFormat(wtype, bk, order)
