@@ -14,8 +14,10 @@ made that *shares* the float16 model's embedding, norms and skipped layers (``lm
 default), so each type only adds its quantized linears (all copies stay alive: the 8B
 model's int4 + int3 + int2 copies add about 16 GB to its 16 GB). With ``--fuse`` (the
 default) each quantized copy then has its q/k/v and gate/up projections fused into one GEMM
-each (``lowvm.fuse_projections``: 4 quantized GEMMs per layer instead of 7); ``--no-fuse``
-keeps 7. ``--attention lowvm`` (the default) switches each quantized copy to lowvm's decode
+each (``lowvm.fuse_projections``: 4 GEMMs per layer instead of 7), and so has the float16
+model once every copy is compared with it (its q/k/v and gate/up weights concatenated: the
+ratio of the two then measures the weights, not the fusion); ``--no-fuse`` keeps 7 in
+every model. ``--attention lowvm`` (the default) switches each quantized copy to lowvm's decode
 attention (``lowvm.use_decode_attention``: a decode step's attention is one VM-program
 launch per layer instead of transformers' SDPA path); ``--fp16-attention sdpa,lowvm`` also
 times the float16 model with it (as ``float16+attn``), so the speed-up from the attention
@@ -72,7 +74,7 @@ from lowvm.errors import LowvmError
 from lowvm.nn.attention import use_decode_attention
 from lowvm.nn.backend import LowvmFallbackWarning
 from lowvm.serving.clock import timed
-from lowvm.serving.compare import Run, add_quantized, model_name, speed_rows
+from lowvm.serving.compare import Run, add_quantized, fuse_float16, model_name, speed_rows
 from lowvm.serving.generation import prompts, sample_tokens
 from lowvm.serving.measure import MODES, loop_compile_modes
 from lowvm.serving.models import (
@@ -125,8 +127,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--forward-steps", type=int, default=50,
                    help="graphs and loop modes: decode steps replayed alone, timed (0: off)")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="fuse q/k/v and gate/up of the quantized models (lowvm.fuse_projections)"
-                        " before measuring them (default); --no-fuse: one GEMM per projection")
+                   help="fuse q/k/v and gate/up of the quantized and the float16 models "
+                        "(lowvm.fuse_projections) before measuring them (default); --no-fuse: "
+                        "one GEMM per projection")
     p.add_argument("--attention", default="lowvm", choices=ATTENTIONS,
                    help="attention of the quantized models: lowvm (decode steps on lowvm's "
                         "VM program, lowvm.use_decode_attention; the default) or sdpa "
@@ -238,17 +241,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                        "generated": probes["fp16_sample"]}
     run.save()
 
-    models: dict[str, Any] = {}
-    if not args.no_fp16_speed:
-        if "sdpa" in args.fp16_attentions:
-            models["float16"] = dense
-        if "lowvm" in args.fp16_attentions:  # shares every tensor of dense
-            models[FP16_LOWVM_ATTN] = use_decode_attention(shared_copy(dense))
-            run.result["models"][FP16_LOWVM_ATTN] = {"attention": "lowvm"}
+    timed_fp16 = [] if args.no_fp16_speed else args.fp16_attentions
+    if "lowvm" in timed_fp16:  # its entry keeps its place before the quantized ones
+        run.result["models"][FP16_LOWVM_ATTN] = {"attention": "lowvm"}
+    quantized: dict[str, Any] = {}
     for dtype in args.dtypes:  # all copies stay (8B: int4 + int3 + int2 add ~16 GB)
         quant = add_quantized(run, dense, dtype, probes)
         if quant is not None:
-            models[model_name(args, dtype)] = quant
+            quantized[model_name(args, dtype)] = quant
+    # fused after the copies are compared with it (by its unfused layers' names), before
+    # its shared copy is made (which then shares the fused weights, not its own)
+    fused = bool(timed_fp16) and args.fuse and fuse_float16(run, dense)
+    models: dict[str, Any] = {}
+    if "sdpa" in timed_fp16:
+        models["float16"] = dense
+    if "lowvm" in timed_fp16:  # shares every tensor of dense
+        models[FP16_LOWVM_ATTN] = use_decode_attention(shared_copy(dense))
+        run.result["models"][FP16_LOWVM_ATTN]["fused"] = fused
+    models.update(quantized)
     speed_rows(run, models, vocab, modes)
 
     print()

@@ -21,7 +21,8 @@ from lowvm.serving.measure import Settings, loop_compile_mode, measure, release
 from lowvm.serving.models import quantized_copy, weight_bytes
 from lowvm.serving.quality import layer_errors, logit_errors
 
-__all__ = ["Run", "speed_rows", "measure_row", "add_quantized", "model_name", "eager_tokens"]
+__all__ = ["Run", "speed_rows", "measure_row", "add_quantized", "fuse_float16", "model_name",
+           "eager_tokens"]
 
 
 class Run:
@@ -144,6 +145,32 @@ def model_name(args: argparse.Namespace, dtype: str) -> str:
     return dtype if args.lm_head is None else f"{dtype}/lm {args.lm_head}"
 
 
+def _fuse(model: Any) -> dict[str, Any]:
+    """Fuse ``model``'s q/k/v and gate/up projections; what its ``models`` entry records."""
+    report = fuse_projections(model)
+    print(report, flush=True)
+    return {"fused": bool(report.attention_fused or report.mlps_fused),
+            "fuse_report": {"attention_fused": report.attention_fused,
+                            "mlps_fused": report.mlps_fused, "dense_fused": report.dense_fused,
+                            "skipped": [list(item) for item in report.skipped]}}
+
+
+def fuse_float16(run: Run, dense: Any) -> bool:
+    """Fuse the float16 model the way the quantized ones are (``--fuse``), in place, so
+    the speed ratio measures the weights, not the fusion; recorded in its ``models`` entry.
+    Call it after every quantized copy is made and compared (they name dense's layers as
+    they were). False when fusing failed (recorded; the model is timed unfused)."""
+    info = run.result["models"].setdefault("float16", {})
+    try:
+        info.update(_fuse(dense))
+    except Exception as exc:  # noqa: BLE001  (recorded; the model is still timed)
+        run.error("fuse float16", exc)
+        info["fused"] = False
+        return False
+    run.save()
+    return bool(info["fused"])
+
+
 def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> Any | None:
     """Quantize a shared copy of ``dense`` to ``dtype``, record its memory and quality
     (under :func:`model_name`); the model, or None when quantizing failed (recorded)."""
@@ -165,15 +192,10 @@ def add_quantized(run: Run, dense: Any, dtype: str, probes: dict[str, Any]) -> A
     fuse_info: dict[str, Any] = {"fused": False}
     if args.fuse:
         try:
-            fuse_report = fuse_projections(quant)
+            fuse_info = _fuse(quant)
         except Exception as exc:  # noqa: BLE001  (recorded; the next type may still work)
             run.error(f"fuse {dtype}", exc)
             return None
-        print(fuse_report, flush=True)
-        fuse_info = {"fused": bool(fuse_report.attention_fused or fuse_report.mlps_fused),
-                     "fuse_report": {"attention_fused": fuse_report.attention_fused,
-                                     "mlps_fused": fuse_report.mlps_fused,
-                                     "skipped": [list(item) for item in fuse_report.skipped]}}
     if args.attention == "lowvm":
         use_decode_attention(quant)
     info: dict[str, Any] = {**fuse_info, "attention": quant.config._attn_implementation,

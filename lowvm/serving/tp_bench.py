@@ -13,7 +13,11 @@ Each rank draws its own shards (weights are random: only shapes matter for speed
 split is Megatron's, as :mod:`lowvm.nn.tensor_parallel` makes it: q/k/v and gate/up
 colwise, o and down rowwise with an all-reduce of their outputs, ``lm_head`` colwise
 with its outputs gathered; embeddings and norms are replicated. A float16 run is skipped
-(its row says why) where the rank's shards would not fit the GPU's free memory.
+(its row says why) where the rank's shards would not fit the GPU's free memory. With
+``--fuse`` (the default) each rank's q/k/v shards and gate/up shards, quantized or
+float16 alike, become one GEMM each (``lowvm.fuse_projections``; colwise shards are whole
+heads and whole MLP columns, so a rank's concatenation is exactly its part of the fused
+layer); every row records ``fused``.
 
 Per (type, batch): a :class:`~lowvm.serving.decode_loop.DecodeLoop` (an eager prefill,
 then each decode step captured in one CUDA graph per rank, NCCL's all-reduces inside it)
@@ -264,7 +268,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=64, help="decode steps the cache holds")
     p.add_argument("--steps", type=int, default=50, help="steps replayed for step_ms")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=True,
-                   help="fuse q/k/v and gate/up of quantized shards (default on)")
+                   help="fuse q/k/v and gate/up shards, quantized and float16 (default on)")
     p.add_argument("--attention", choices=("sdpa", "lowvm"), default="sdpa",
                    help="lowvm: lowvm's decode attention for quantized models")
     p.add_argument("--no-graphs", action="store_true", help="eager steps (diagnostic)")
@@ -377,11 +381,12 @@ def _run_dtype(wtype: str, config: Any, args: argparse.Namespace, device: torch.
     mem = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
     extra: dict[str, Any] = {"weight_gib_per_gpu": need / 2**30, "build_s": build_s,
                              "mem_gib_per_gpu": mem, "fused": False, "attention": "sdpa"}
-    if wtype != "float16":
-        if args.fuse:
-            from lowvm.nn.fuse import fuse_projections
+    if args.fuse:  # float16 too: the shards of q/k/v (gate/up) are all colwise, so the
+        # concatenation of one rank's is that rank's heads' q, k, v (its gate and up columns)
+        from lowvm.nn.fuse import fuse_projections
 
-            extra["fused"] = fuse_projections(model).attention_fused > 0
+        extra["fused"] = fuse_projections(model).attention_fused > 0
+    if wtype != "float16":
         if args.attention == "lowvm":
             from lowvm.nn.attention import use_decode_attention
 
