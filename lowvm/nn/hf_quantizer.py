@@ -11,7 +11,8 @@
   ``QuantLinear`` layers of those formats before the packed tensors are loaded into them.
   The packed tensors are in the GPU kernel's repacked layout; each entry's
   ``kernel_format`` names that layout's version, and a checkpoint of another version is
-  refused (:class:`~lowvm.nn.errors.WeightFormatError`) before any layer is built;
+  refused (:class:`~lowvm.nn.errors.WeightFormatError`) before any layer is built, unless
+  it is an earlier layout this lowvm still derives: those layers are converted once loaded;
 * a ``LowvmConfig`` whose ``source`` is a GPTQ/AWQ/compressed-tensors checkpoint's own
   config (what :func:`lowvm.from_pretrained` passes) loads the packed tensors into
   :class:`~lowvm.nn.import_shell.ImportShell` holders and repacks each into a QuantLinear
@@ -77,7 +78,7 @@ def _check_recorded_format(shell: nn.Module, entry: Mapping[str, Any], name: str
 
     expected = shell.kernel_format.fingerprint
     recorded = entry.get("kernel_format")
-    if recorded == expected:
+    if recorded == expected or shell.expect_earlier_layout(recorded):
         return
     why = (f"was saved in kernel format {recorded}" if recorded is not None else
            "records no kernel format (a checkpoint of older lowvm, which saved plain "
@@ -201,7 +202,12 @@ class LowvmHfQuantizer(TensorParallelHooks, HfQuantizer):
 
             modules = convert_import_shells(model)
         elif self.pre_quantized:
+            from lowvm.nn.quant_linear import convert_earlier_layouts
+
             modules = dict(config.modules)
+            for name in convert_earlier_layouts(model):  # now recorded in the current layout
+                modules[name] = {**modules[name], "kernel_format":
+                                 model.get_submodule(name).kernel_format.fingerprint}
         else:
             modules = self._finish_quantize_on_load(model)
         self._shard_loaded(model)

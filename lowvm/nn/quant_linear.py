@@ -27,11 +27,21 @@ holds ``qweight`` exactly as stored, not converted to plain bit-stream rows. Why
   buffer changes, instead of loading bytes the kernel would misread. The codes
   themselves stay portable: :meth:`QuantLinear.codes` gives them, :meth:`set_codes`
   takes them.
+- one exception: a record naming an earlier layout of the same type and K tile that this
+  lowvm can still derive exactly (:func:`~lowvm.nn.kernel_format.earlier_kernel_format`:
+  3..7-bit floats saved before they took the split_pairs order) is converted while
+  loading, with a :class:`~lowvm.nn.kernel_format.LayoutConvertedWarning`, so that such
+  checkpoints need not be quantized again from a dense model their users may no longer
+  have. transformers' loader assigns ``qweight`` itself, so there the layer is told the
+  recorded layout beforehand (:meth:`QuantLinear.expect_earlier_layout`) and converts it
+  afterwards (:func:`convert_earlier_layouts`).
 """
 
 from __future__ import annotations
 
 import operator
+import warnings
+from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
@@ -44,12 +54,17 @@ from lowvm.nn import custom_op  # noqa: F401  (registers torch.ops.lowvm.quant_l
 from lowvm.nn.backend import EagerLaunches
 from lowvm.nn.backend import quant_linear as backend_quant_linear
 from lowvm.nn.errors import ActivationError, QuantizationError, WeightFormatError
-from lowvm.nn.kernel_format import KernelFormat, layer_kernel_format
+from lowvm.nn.kernel_format import (
+    KernelFormat,
+    LayoutConvertedWarning,
+    earlier_kernel_format,
+    layer_kernel_format,
+)
 from lowvm.nn.packed import PackedLinear, dequantize, unpack_codes
 from lowvm.nn.quantize import quantize_weight
 from lowvm.nn.spec import QuantSpec, make_spec
 
-__all__ = ["QuantLinear", "bias_dtype_for"]
+__all__ = ["QuantLinear", "bias_dtype_for", "convert_earlier_layouts"]
 
 _ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # what makes a call traced rather than eager (each a C call of well under a microsecond)
@@ -202,7 +217,65 @@ class QuantLinear(nn.Module):
                                 dtype=torch.uint8)
 
     def set_extra_state(self, state: Any) -> None:
+        earlier = getattr(self, "_earlier_layout", None)
+        if earlier is not None:  # transformers' loading of an announced earlier layout
+            got = _fingerprint(state)
+            if got != earlier.fingerprint:
+                raise WeightFormatError(
+                    f"{self._where()}: the checkpoint's config records kernel format "
+                    f"{earlier.fingerprint} for this layer, but its tensors record "
+                    f"{got if got is not None else _describe(state)}; the checkpoint is "
+                    "inconsistent")
+            return
         self._check_format(state, None)
+
+    def _where(self) -> str:
+        return (f"QuantLinear ({self.spec.wtype.name}, group_size={self.spec.group_size}, "
+                f"[{self.out_features}, {self.in_features}])")
+
+    def _earlier_format(self, fingerprint: str | None) -> KernelFormat | None:
+        """The earlier layout of this layer's type and K tile that ``fingerprint`` names."""
+        return earlier_kernel_format(self.spec.wtype, self.kernel_format.bk, fingerprint)
+
+    def _from_earlier_layout(self, qweight: torch.Tensor, earlier: KernelFormat
+                             ) -> torch.Tensor:
+        """``qweight`` saved in ``earlier`` -> the current layout, on its device; warns."""
+        n, k, fmt = self.out_features, self.in_features, self.kernel_format
+        if (not isinstance(qweight, torch.Tensor) or qweight.is_meta
+                or qweight.dtype != torch.uint8 or qweight.shape != self.qweight.shape):
+            raise WeightFormatError(
+                f"{self._where()}: the saved qweight is in the earlier kernel format "
+                f"{earlier.fingerprint}, which this lowvm converts from a uint8 tensor with "
+                f"data of shape {tuple(self.qweight.shape)}; got {_describe(qweight)}"
+                + (" on the meta device" if getattr(qweight, "is_meta", False) else ""))
+        converted = fmt.repack(earlier.unpack(qweight, n, k))
+        warnings.warn(LayoutConvertedWarning(
+            f"{self.spec.wtype.name} weights (K tile {fmt.bk}) saved in an earlier kernel "
+            f"layout (format {earlier.fingerprint}) were converted to this lowvm's "
+            f"({fmt.fingerprint}) while loading; save the model again to store the current "
+            "layout"), stacklevel=2)
+        return converted
+
+    def expect_earlier_layout(self, fingerprint: str | None) -> bool:
+        """Whether ``fingerprint`` names an earlier layout this layer converts from. If so,
+        the layer takes the ``qweight`` and record assigned next as being in it (as
+        transformers' loader assigns them, bypassing :meth:`load_state_dict`), and
+        :func:`convert_earlier_layouts` converts them once assigned."""
+        earlier = self._earlier_format(fingerprint)
+        self._earlier_layout = earlier
+        return earlier is not None
+
+    @torch.no_grad()
+    def _convert_assigned(self) -> bool:
+        """Convert an assigned ``qweight`` of the announced earlier layout (see
+        :meth:`expect_earlier_layout`); False when none was announced."""
+        earlier = getattr(self, "_earlier_layout", None)
+        if earlier is None:
+            return False
+        converted = self._from_earlier_layout(self.qweight, earlier)
+        self._earlier_layout = None
+        self.qweight = converted
+        return True
 
     def _check_format(self, record: Any, qweight: Any) -> None:
         """Raise WeightFormatError unless ``record`` names this layer's kernel format."""
@@ -255,7 +328,7 @@ class QuantLinear(nn.Module):
             bits = qweight.numel() * 8 / (n * k)
             diffs.append(f"bits per weight: the checkpoint's codes take {bits:g}, this layer's "
                          f"{own.wtype.name} {own.wtype.nbits}")
-        if not diffs:
+        if not diffs and self._earlier_format(saved) is None:  # else it is own type's
             same = _type_of_fingerprint(saved, own.wtype.nbits, self.kernel_format.bk)
             if same is not None and same != own.wtype:
                 diffs.append(f"type: the checkpoint holds {same.name}, this layer "
@@ -268,11 +341,22 @@ class QuantLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               *args: Any, **kwargs: Any) -> None:
-        # checked before the base class copies anything, so a refused load changes nothing
+        # checked, and an earlier layout converted, before the base class copies anything,
+        # so a refused load changes nothing (the caller's state dict is left as it is)
         if prefix + "qweight" in state_dict:
-            record = state_dict.get(prefix + _EXTRA_STATE_KEY_SUFFIX)
-            if _fingerprint(record) not in (None, self.kernel_format.fingerprint):
-                self._check_settings(state_dict, prefix, _fingerprint(record))
+            record_key = prefix + _EXTRA_STATE_KEY_SUFFIX
+            record = state_dict.get(record_key)
+            saved = _fingerprint(record)
+            if saved not in (None, self.kernel_format.fingerprint):
+                self._check_settings(state_dict, prefix, saved)
+                earlier = self._earlier_format(saved)
+                if earlier is not None:
+                    self._earlier_layout = None  # a load_state_dict overrides an announcement
+                    qweight = self._from_earlier_layout(state_dict[prefix + "qweight"],
+                                                        earlier)
+                    record = self.get_extra_state()
+                    state_dict = ChainMap({prefix + "qweight": qweight, record_key: record},
+                                          state_dict)
             self._check_format(record, state_dict[prefix + "qweight"])
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -411,14 +495,24 @@ def _check_like(where: str, name: str, value: Any, buffer: torch.Tensor) -> None
 
 
 def _type_of_fingerprint(fingerprint: str, nbits: int, bk: int) -> DType | None:
-    """The ``nbits``-bit type whose kernel format of K tile ``bk`` has ``fingerprint``."""
+    """The ``nbits``-bit type whose kernel format of K tile ``bk``, current or earlier,
+    has ``fingerprint``."""
     from lowvm.dtypes import all_dtypes
     from lowvm.nn.kernel_format import kernel_format
 
     for wtype in all_dtypes():
-        if wtype.nbits == nbits and kernel_format(wtype, bk).fingerprint == fingerprint:
+        if wtype.nbits == nbits and (kernel_format(wtype, bk).fingerprint == fingerprint
+                                     or earlier_kernel_format(wtype, bk, fingerprint)):
             return wtype
     return None
+
+
+def convert_earlier_layouts(model: nn.Module) -> list[str]:
+    """Convert the ``qweight`` of every layer of ``model`` told to expect an earlier layout
+    (:meth:`QuantLinear.expect_earlier_layout`) now that it is assigned; the names of the
+    converted layers."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, QuantLinear) and module._convert_assigned()]
 
 
 def _fingerprint(record: Any) -> str | None:
