@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "quality_ids": prompts(4, max(args.prompt_len, 8), vocab, device, args.seed + 1)}
     probes["fp16_sample"] = sample_tokens(dense, sample_ids, tokenizer, probes["sample_count"])
     run.result["models"]["float16"] = {"weight_bytes": weight_bytes(dense),
-                                       "generated": probes["fp16_sample"]}
+                                       "generated": probes["fp16_sample"], "fused": False}
     run.save()
 
     timed_fp16 = [] if args.no_fp16_speed else args.fp16_attentions
