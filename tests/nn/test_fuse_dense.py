@@ -215,12 +215,16 @@ def test_fused_dense_model_on_cuda_matches_unfused(dtype):
     """cuBLAS may pick another algorithm for the wider N (another K order: float32 sums
     round apart), so logits agree to rounding and greedy choices wherever the unfused
     model's top two logits are not within that rounding."""
-    unfused, fused = _pair(tiny_llama(dtype=dtype).cuda())
+    model = tiny_llama(dtype=dtype).cuda()
+    reference = copy.deepcopy(model).double()
+    unfused, fused = _pair(model)
     assert fused.model.layers[0].self_attn.qkv_proj.weight.is_cuda
     ids = torch.randint(0, 256, (4, 16), device="cuda")
-    a, b = _logits(unfused, ids), _logits(fused, ids)
-    assert ((a - b).norm() / a.norm()).item() < 4 * ULP[dtype]
+    ref, a, b = _logits(reference, ids), _logits(unfused, ids), _logits(fused, ids)
+    assert ((a - b).norm() / a.norm()).item() < 8 * ULP[dtype]
+    # no further from float64 than the unfused model, give or take its own rounding
+    assert (b - ref).norm() <= 2 * (a - ref).norm() + ULP[dtype] * ref.norm()
     top2 = a.topk(2, dim=-1).values
     clear = (top2[..., 0] - top2[..., 1]) > 8 * ULP[dtype] * a.abs().amax()
-    assert clear.float().mean() > 0.5
+    assert clear.any()
     assert torch.equal(a.argmax(-1)[clear], b.argmax(-1)[clear])
