@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 import lowvm
+import lowvm.nn.fuse
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.weight_format import repack_weights, weight_format, weight_layouts
 from lowvm.layouts.mma_tiling import block_mma_layouts
@@ -149,6 +150,36 @@ def test_an_earlier_layout_of_other_settings_names_the_difference(wanted, needle
         target.load_state_dict(state)
     assert needle in str(e.value)
     assert all(torch.equal(v, target.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::lowvm.nn.LowvmFallbackWarning")
+def test_a_fused_model_loads_an_earlier_layout_state_dict():
+    """Fused q/k/v and gate/up merge the saved parts first, then convert as one layer;
+    the conversion is reported once for the model, not once per layer."""
+    source = tiny_llama()
+    lowvm.quantize_model(source, dtype="float4_e2m1", group_size=64, progress=False)
+    earlier = dict(source.state_dict())
+    for name, module in source.named_modules():
+        if isinstance(module, QuantLinear):
+            state = _earlier_state(module)
+            earlier[name + ".qweight"] = state["qweight"]
+            earlier[name + "._extra_state"] = state["_extra_state"]
+    models = []
+    for state in (source.state_dict(), earlier):
+        model = tiny_llama(seed=5)
+        lowvm.quantize_model(model, dtype="float4_e2m1", group_size=64, progress=False)
+        report = lowvm.nn.fuse.fuse_projections(model)
+        assert report.skipped == [] and report.mlps_fused == 2
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")  # what users see: repeats shown once
+            model.load_state_dict(state)
+        converted = [w for w in caught if issubclass(w.category, LayoutConvertedWarning)]
+        assert len(converted) == (1 if state is earlier else 0)  # all of one type and bk
+        models.append(model)
+    ids = torch.arange(8)[None]
+    with torch.no_grad():
+        assert torch.equal(models[1](ids).logits, models[0](ids).logits)
 
 
 def _save_in_earlier_layout(path: Path) -> torch.nn.Module:
