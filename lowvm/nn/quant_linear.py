@@ -283,8 +283,7 @@ class QuantLinear(nn.Module):
         got = _fingerprint(record)
         if got == fmt.fingerprint:
             return
-        where = (f"QuantLinear ({self.spec.wtype.name}, group_size={self.spec.group_size}, "
-                 f"[{self.out_features}, {self.in_features}])")
+        where = self._where()
         fix = ("quantize the dense model again, or load the checkpoint with the lowvm that "
                "saved it and move the codes over (QuantLinear.codes() there, set_codes here)")
         if got is not None:
@@ -344,6 +343,7 @@ class QuantLinear(nn.Module):
         # checked, and an earlier layout converted, before the base class copies anything,
         # so a refused load changes nothing (the caller's state dict is left as it is)
         if prefix + "qweight" in state_dict:
+            self._earlier_layout = None  # the state dict says its layout itself
             record_key = prefix + _EXTRA_STATE_KEY_SUFFIX
             record = state_dict.get(record_key)
             saved = _fingerprint(record)
@@ -351,7 +351,6 @@ class QuantLinear(nn.Module):
                 self._check_settings(state_dict, prefix, saved)
                 earlier = self._earlier_format(saved)
                 if earlier is not None:
-                    self._earlier_layout = None  # a load_state_dict overrides an announcement
                     qweight = self._from_earlier_layout(state_dict[prefix + "qweight"],
                                                         earlier)
                     record = self.get_extra_state()
