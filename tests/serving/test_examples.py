@@ -217,6 +217,8 @@ def test_quantize_and_generate_example(capsys):
                for r in result["speed"])
     int4 = result["models"]["int4"]
     assert int4["fused"] is True and int4["quality"]["layers_compared"] == 14
+    assert result["models"]["float16"]["fused"] is True  # the same GEMMs on both sides
+    assert all(r["fused"] for r in result["speed"])
     assert int4["weight_bytes"]["stored"] < result["models"]["float16"]["weight_bytes"][
         "stored"]
     table = capsys.readouterr().out.rsplit("device:", 1)[1]
