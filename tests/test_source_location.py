@@ -19,6 +19,7 @@ from lowvm.ir import ProgramError
 from lowvm.kernels import dispatch
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.nn import backend
+from tests.helpers.marks import marked_line
 
 HERE = os.path.basename(__file__)
 LOWVM_DIR = os.path.dirname(os.path.abspath(lowvm.__file__))
@@ -27,10 +28,7 @@ TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 def _line(mark: str) -> int:
     """The line of this file that ends with ``# <- mark``."""
-    with open(__file__) as f:
-        found = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# <- {mark}")]
-    assert len(found) == 1, f"mark {mark!r} found {len(found)} times"
-    return found[0]
+    return marked_line(__file__, mark)
 
 
 def _names_line(message: str, mark: str) -> bool:

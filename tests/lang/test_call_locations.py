@@ -19,6 +19,7 @@ import lowvm.lang as vm
 from lowvm import source_location
 from lowvm.ir import IfStmt, walk
 from lowvm.kernels.vector_add import vector_add
+from tests.helpers.marks import marked_line
 
 HERE = os.path.basename(__file__)
 LOWVM_DIR = os.path.dirname(os.path.abspath(lowvm.__file__))
@@ -26,10 +27,7 @@ LOWVM_DIR = os.path.dirname(os.path.abspath(lowvm.__file__))
 
 def _line(mark: str) -> int:
     """The line of this file that ends with ``# <- mark``."""
-    with open(__file__) as f:
-        found = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# <- {mark}")]
-    assert len(found) == 1, f"mark {mark!r} found {len(found)} times"
-    return found[0]
+    return marked_line(__file__, mark)
 
 
 def _starts_at(error: BaseException, mark: str) -> bool:
