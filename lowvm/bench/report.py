@@ -229,6 +229,9 @@ def _tensor_parallel_tables(doc: dict[str, Any]) -> list[str]:
                  "alone in one CUDA graph. All-reduce (eager): CUDA events around each "
                  "all-reduce of an eager step, summed; it includes waiting for the other "
                  "ranks' host, so it only bounds the communication from above.")
+    fit = _tp_step_fit(doc.get("rows") or [])
+    if fit:
+        lines.append(fit)
     goals = summary.get("goals") or {}
     if goals:
         lines.append("Goals: " + "; ".join(
@@ -236,6 +239,28 @@ def _tensor_parallel_tables(doc: dict[str, Any]) -> list[str]:
             f"{g.get('target')}: {'met' if g.get('met') else 'not met'})"
             for name, g in goals.items()) + ".")
     return ["\n\n".join(lines)]
+
+
+def _tp_step_fit(rows: Sequence[dict[str, Any]], batch: int = 1) -> str:
+    """What bounds the scaling, from the rows themselves: the quantized rows at ``batch``
+    fitted to ``step = X + Y / TP + all-reduce`` from TP 1 and TP 2 (X: time that does
+    not shrink with TP, Y: time that does), and the TP 4 step that predicts against the
+    measured one; "" where those rows are missing."""
+    steps = {r.get("tp"): r for r in rows if r.get("dtype") != "float16"
+             and r.get("batch") == batch and r.get("step_ms")}
+    if 1 not in steps or 2 not in steps:
+        return ""
+    one = steps[1]["step_ms"]
+    two = steps[2]["step_ms"] - (steps[2].get("allreduce_graph_ms_per_step") or 0.0)
+    y = 2 * (one - two)
+    x = one - y
+    text = (f"Fit of the {steps[1]['dtype']} rows at batch {batch}: step ≈ X + Y / TP + "
+            f"all-reduce (graph), X = {x:.2f} ms that does not shrink with TP, Y = "
+            f"{y:.2f} ms that does")
+    if 4 in steps:
+        predicted = x + y / 4 + (steps[4].get("allreduce_graph_ms_per_step") or 0.0)
+        text += f"; TP 4 predicted {predicted:.2f} ms, measured {steps[4]['step_ms']:.2f}"
+    return text + "."
 
 
 def _outcome_tables(doc: dict[str, Any]) -> list[str]:

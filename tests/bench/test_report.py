@@ -338,3 +338,5 @@ def test_a_tensor_parallel_document_renders_ratios_and_goals():
     assert "| float16 | 1 | 1 |  |  |  |  |  |  |  |  | 131.4 GiB do not fit |" in text
     assert "int4_tp2_over_tp1_batch1 1.75 (target 1.7: met)" in text
     assert "int4_over_float16 3.50 (target 2.5: met)" in text
+    # 25 = X + Y, 14.3 - 0.5 = X + Y / 2: Y = 22.4, X = 2.6
+    assert "X = 2.60 ms that does not shrink with TP, Y = 22.40 ms that does." in text
