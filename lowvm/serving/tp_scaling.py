@@ -127,7 +127,8 @@ def _run_tp(tp: int, rest: Sequence[str], timeout: float, cpu: bool
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run every TP; returns (and writes to ``--json``) the combined document."""
     args, rest = _parse(argv)
-    cpu = "--device" in rest and rest[rest.index("--device") + 1] == "cpu"
+    cpu = "--device=cpu" in rest or any(a == "--device" and b == "cpu"
+                                        for a, b in zip(rest, rest[1:]))
     gpus = None if cpu else _gpu_count()
     doc: dict[str, Any] = {"ok": False, "tp_sizes": args.sizes, "bench_args": rest,
                            "gpus": gpus, "runs": [], "rows": []}
