@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,17 +120,23 @@ X_WHOLE_BYTES = THRESHOLDS.x_whole_bytes
 _X_WHOLE_BLOCKS_PER_SM = {1: 8, 2: 7, 4: 5}
 
 
-def _x_whole_prefetch(steps: int, blocks: int, num_sms: int) -> int:
-    """K steps of weights in flight for an ``x_whole`` block of ``steps`` K steps in a
-    grid of ``blocks``: the deepest of 4, 2, 1 that divides ``steps``, leaves >= 8 steps
-    per prefetched one, and keeps the grid in one wave. Fitted to H100 graph sweeps, where
-    a second wave cost 28672 x 8192 48 -> 67 us and deep prefetch on 4-step blocks
-    8.1 -> 9.1 us (4096 x 4096) (`python -m lowvm.bench schedules`)."""
+def _prefetch_depth(steps: int, allowed: Callable[[int], bool] = lambda depth: True
+                    ) -> int:
+    """K steps of weights in flight for a block of ``steps`` K steps: the deepest of 4, 2,
+    1 that divides ``steps``, leaves >= 8 steps per prefetched one and is ``allowed``."""
     for depth in (4, 2):
-        if (steps % depth == 0 and steps >= 8 * depth
-                and blocks <= num_sms * _X_WHOLE_BLOCKS_PER_SM[depth]):
+        if steps % depth == 0 and steps >= 8 * depth and allowed(depth):
             return depth
     return 1
+
+
+def _x_whole_prefetch(steps: int, blocks: int, num_sms: int) -> int:
+    """:func:`_prefetch_depth` of an ``x_whole`` block of ``steps`` K steps in a grid of
+    ``blocks``, also keeping the grid in one wave. Fitted to H100 graph sweeps, where a
+    second wave cost 28672 x 8192 48 -> 67 us and deep prefetch on 4-step blocks
+    8.1 -> 9.1 us (4096 x 4096) (`python -m lowvm.bench schedules`)."""
+    return _prefetch_depth(
+        steps, lambda depth: blocks <= num_sms * _X_WHOLE_BLOCKS_PER_SM[depth])
 
 
 def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT,
@@ -213,8 +220,7 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # (`python -m lowvm.bench schedules`)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=None,
-                            prefetch=_largest_dividing(
-                                max(1, min(4, (steps // split) // 8)), steps // split))
+                            prefetch=_prefetch_depth(steps // split))
     if m <= 16 and 8 <= steps // split < 24 and (steps // split) % 2 == 0:
         # split-8 grids with 8..23 K steps per block: two steps of weights in flight and x
         # double-buffered (ptxas gives int4 96 registers, so 5 blocks fit per SM); measured
@@ -242,14 +248,6 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
     return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
                         split=split, stages=2 if k_slice else 3, prefetch=1,
                         fused_split=m <= 16, k_slice=k_slice)
-
-
-def _largest_dividing(limit: int, steps: int) -> int:
-    """The largest power of two <= limit dividing ``steps``."""
-    p = limit
-    while steps % p:
-        p //= 2
-    return p
 
 
 def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:

@@ -243,6 +243,22 @@ def test_choose_schedule_splits_16_ways_at_batch_1_where_x_is_held_whole():
     assert choose_schedule(1, 4096, 4096, 128).split == 8  # 2 steps per block at 16: no
 
 
+def test_decode_prefetch_is_a_power_of_two_with_8_steps_per_prefetched_one():
+    """Streamed decode blocks prefetch 4, 2 or 1 steps of weights, the deepest dividing
+    their K steps with >= 8 of them per prefetched step: 8192 x 10240 (16 steps per block)
+    2, 4096 x 28672 (32) 4, and blocks of 24..31 steps 2, never 3."""
+    assert choose_schedule(4, 10240, 8192, 128).prefetch == 2
+    assert choose_schedule(4, 28672, 4096, 128).prefetch == 4
+    assert choose_schedule(4, 24576, 6144, 128).prefetch == 2  # 48 steps at split 2: 24
+    for k in (2048, 3072, 3584, 4096, 6144, 8192, 14336):
+        for n in (1024, 4096, 10240, 24576, 28672):
+            for m in (1, 4, 9, 16):
+                for bk in (32, 64, 128):
+                    s = choose_schedule(m, n, k, bk)
+                    steps = k // bk // s.split
+                    assert s.prefetch in (1, 2, 4) and steps % s.prefetch == 0, (m, n, k, s)
+
+
 @pytest.mark.parametrize("wtype,split,m,prefetch,zero_point,fused,bf16", [
     ("int4", 1, 1, 2, False, True, False), ("uint4", 2, 3, 1, True, True, True),
     ("int3", 4, 2, 1, False, False, False), ("float4_e2m1", 1, 1, 4, False, True, True),
