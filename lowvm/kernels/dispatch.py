@@ -251,12 +251,25 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
     """Launch the plan ``planner`` makes for this call (the GEMM, whose split-K sums are
     finished in-kernel, or for ``fused_split=False`` schedules the GEMM and
     :func:`finish_split`; both leave the per-stream workspace zeroed)."""
-    import torch
-
-    m, n, k = x.shape[0], weight.n, weight.k
     # a first bfloat16 call casts the scales (and zeros) right before the GEMM, which
     # reads them before its wait: that launch must not overlap the cast
     overlap = overlap_enabled() and weight.holds(x.dtype)
+    gemm, finish, args = _gemm_call(x, weight, schedule, planner)
+    gemm(*args, overlap=overlap and gemm.cuda.waits_prior_grid)
+    m, n, _, _, _, _, _, y, ws, _ = args
+    if finish is not None:
+        finish(m * n, ws, y)
+    return y
+
+
+def _gemm_call(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any
+               ) -> tuple[Any, Any, tuple]:
+    """``(gemm, finish or None, the GEMM's arguments)`` of this call: the plan
+    ``planner`` makes, the scales in x's type and a new ``y``; split-K buffers where the
+    plan splits K, else placeholders."""
+    import torch
+
+    m, n, k = x.shape[0], weight.n, weight.k
     scales, zeros = weight.for_dtype(x.dtype)
     gemm, finish, tile_rows = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
                                       schedule)
@@ -266,11 +279,7 @@ def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: An
         ws, counters = split_buffers(x.device, m * n, -(-m // tile_rows) * (n // 16))
     else:
         ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
-    gemm(m, n, k, x, weight.packed, scales, zeros, y, ws, counters,
-         overlap=overlap and gemm.cuda.waits_prior_grid)
-    if finish is not None:
-        finish(m * n, ws, y)
-    return y
+    return gemm, finish, (m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
 
 
 _DUMMIES: dict[Any, Any] = {}
@@ -309,8 +318,6 @@ class GemmLaunch:
 
     def __init__(self, x: Any, weight: QuantWeight, schedule: GemmSchedule | None = None
                  ) -> None:
-        import torch
-
         x = check_activation(x, weight)
         device = x.get_device()
         stream = eager_stream(device)
@@ -319,19 +326,9 @@ class GemmLaunch:
                              "torch's current device, or the current stream is capturing a "
                              "CUDA graph (launches recorded there need the capture's own "
                              "split-K buffers); call quant_linear there instead")
-        m, n, k = x.shape[0], weight.n, weight.k
         generation = _GENERATION[0]
-        planner = _planner(x, weight, schedule)
-        scales, zeros = weight.for_dtype(x.dtype)
-        gemm, finish, tile_rows = planner(m, weight, x.dtype == torch.bfloat16,
-                                          zeros is not None, schedule)
-        zeros = scales if zeros is None else zeros  # not read without zero_point
-        y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        if tile_rows:
-            ws, counters = split_buffers(x.device, m * n, -(-m // tile_rows) * (n // 16))
-        else:
-            ws, counters = _dummy(x.device), _dummy(x.device, torch.int32)
-        args = (m, n, k, x, weight.packed, scales, zeros, y, ws, counters)
+        gemm, finish, args = _gemm_call(x, weight, schedule, _planner(x, weight, schedule))
+        m, n, _, _, _, _, _, y, ws, _ = args
         names = [p.name for p in gemm.kernel.params]
         self._gemm = gemm.kernel.bind(gemm.grid(args), args,
                                       (names.index("x"), names.index("y")), device, stream)
