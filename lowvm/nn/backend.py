@@ -103,17 +103,21 @@ def cuda_quant_linear(x2d: torch.Tensor, layer: PackedLinear) -> torch.Tensor:
     (zero points are applied inside the kernel; the bias is added after, in x's type).
     ``layer.qweight`` is already the kernel's repacked weight; see :func:`kernel_dtype`
     for the type the kernel runs in."""
-    n, k = layer.out_features, layer.in_features
     run = kernel_dtype(x2d.dtype, layer.wtype)
-    scales, zeros = _scales_as(layer, run)
-    weight = QuantWeight(layer.qweight, scales, layer.wtype, layer.group_size, n, k,
-                         weight_bk(layer.group_size, k), zeros)
-    y = library_quant_linear(x2d.to(run).contiguous(), weight)
+    y = library_quant_linear(x2d.to(run).contiguous(), _kernel_weight(layer, run))
     if run is not x2d.dtype:
         y = y.to(x2d.dtype)
     if layer.bias is not None:
         y = y + layer.bias.to(y.dtype)
     return y
+
+
+def _kernel_weight(layer: PackedLinear, dtype: torch.dtype) -> QuantWeight:
+    """The library's view of ``layer`` for ``dtype`` activations (its scales cast once)."""
+    n, k = layer.out_features, layer.in_features
+    scales, zeros = _scales_as(layer, dtype)
+    return QuantWeight(layer.qweight, scales, layer.wtype, layer.group_size, n, k,
+                       weight_bk(layer.group_size, k), zeros)
 
 
 #: (id of a layer's scales, dtype) -> (scales, zeros, their versions, converted pair)
@@ -251,11 +255,7 @@ class EagerLaunches:
         if weight is None:
             if not versioned and layer.scales.dtype is not run:
                 return None
-            n, k = layer.out_features, layer.in_features
-            scales, zeros = _scales_as(layer, run)
-            weight = self._weights[run] = QuantWeight(
-                layer.qweight, scales, layer.wtype, layer.group_size, n, k,
-                weight_bk(layer.group_size, k), zeros)
+            weight = self._weights[run] = _kernel_weight(layer, run)
         if len(self._launches) >= _MAX_LAUNCHES:
             self._launches.clear()
         launch = self._launches[key] = prepare_quant_linear(x2d, weight)
