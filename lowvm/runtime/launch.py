@@ -55,6 +55,14 @@ _host_fns: list[Any] = [None, None]
 _capturing_fn: list[Any] = [None]
 
 
+def _new_param_block(types: Sequence[Any]) -> tuple[list[Any], Any, int]:
+    """``(slots, the void* array pointing at them, its address)``: one ctypes slot per
+    parameter (pointers as 64-bit integers), for ``cuLaunchKernel``'s ``kernelParams``."""
+    slots = [t() if t is not ctypes.c_void_p else ctypes.c_uint64() for t in types]
+    pointers = (ctypes.c_void_p * max(1, len(slots)))(*[ctypes.addressof(s) for s in slots])
+    return slots, pointers, ctypes.addressof(pointers)
+
+
 def eager_stream(device: int) -> int | None:
     """torch's current stream handle on ``device``, or None where a launch prepared once
     per stream (:class:`BoundLaunch`) must not run: while the stream is capturing a CUDA
@@ -328,30 +336,45 @@ class Kernel:
         else:
             handle = _drv.stream_handle(stream)
         params = self._param_block(values)
-        overlap = overlap and _overlaps(device)
-        err = self._start(fn, (gx, gy, gz), handle, params, overlap)
+        self._start_checked(fn, (gx, gy, gz), handle, params, overlap and _overlaps(device),
+                            device)
+
+    __call__ = launch
+
+    def _start_checked(self, fn: Any, grid: tuple[int, int, int], stream: Any, params: int,
+                       overlap: bool, device: int, config: Any = None) -> None:
+        """:meth:`_start`, again after binding the context on a thread torch never bound
+        it on; any other failure raises CudaDriverError naming the launch."""
+        err = self._start(fn, grid, stream, params, overlap, config)
         if err:
-            if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
+            if err == _INVALID_CONTEXT:
                 _drv.ensure_context(device)
-                err = self._start(fn, (gx, gy, gz), handle, params, overlap)
+                err = self._start(fn, grid, stream, params, overlap, config)
             if err:
                 raise CudaDriverError(
                     f"cuLaunchKernel{'Ex' if overlap else ''}({self._name!r}, "
-                    f"grid=({gx}, {gy}, {gz}), "
+                    f"grid=({grid[0]}, {grid[1]}, {grid[2]}), "
                     f"block={self._block}, dynamic_shared_bytes={self._smem}) failed with "
                     f"{_drv.error_name(err)}"
                 )
 
-    __call__ = launch
-
     def _start(self, fn: Any, grid: tuple[int, int, int], stream: Any, params: int,
-               overlap: bool) -> Any:
+               overlap: bool, config: Any = None) -> Any:
         """One launch attempt: ``cuLaunchKernel``, or ``cuLaunchKernelEx`` with
-        programmatic stream serialization allowed when ``overlap``; the driver's code."""
+        programmatic stream serialization allowed when ``overlap`` (``config``: its
+        :meth:`_ex_config`, made now if None); the driver's code."""
         if not overlap:
             (err,) = cu.cuLaunchKernel(fn, *grid, self._block, 1, 1, self._smem, stream,
                                        params, 0)
             return err
+        if config is None:
+            config = self._ex_config(grid, stream)
+        (err,) = cu.cuLaunchKernelEx(config, fn, params, 0)
+        return err
+
+    def _ex_config(self, grid: tuple[int, int, int], stream: Any) -> Any:
+        """``cuLaunchKernelEx``'s configuration of a launch on ``grid`` and ``stream`` that
+        may overlap the previous kernel (programmatic stream serialization)."""
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attr.value.programmaticStreamSerializationAllowed = 1
@@ -362,8 +385,7 @@ class Kernel:
         config.hStream = stream if isinstance(stream, cu.CUstream) else cu.CUstream(stream)
         config.attrs = [attr]
         config.numAttrs = 1
-        (err,) = cu.cuLaunchKernelEx(config, fn, params, 0)
-        return err
+        return config
 
     def _param_block(self, values: tuple[Any, ...]) -> int:
         """The address of a ``void**`` holding ``values``, in this thread's own block.
@@ -375,10 +397,7 @@ class Kernel:
         """
         block = getattr(self._blocks, "block", None)
         if block is None:
-            slots = [t() if t is not ctypes.c_void_p else ctypes.c_uint64() for t in self._types]
-            pointers = (ctypes.c_void_p * max(1, len(slots)))(
-                *[ctypes.addressof(slot) for slot in slots])
-            block = self._blocks.block = (slots, pointers, ctypes.addressof(pointers))
+            block = self._blocks.block = _new_param_block(self._types)
         slots = block[0]
         for slot, value in zip(slots, values):
             slot.value = value
@@ -459,45 +478,14 @@ class BoundLaunch:
         if self._empty:
             return
         overlap = overlap and _overlaps(self.device)
-        err = self._start(block[1], overlap)
-        if err:
-            if err == _INVALID_CONTEXT:  # a thread torch never bound the context on
-                _drv.ensure_context(self.device)
-                err = self._start(block[1], overlap)
-            if err:
-                k = self.kernel
-                raise CudaDriverError(
-                    f"cuLaunchKernel{'Ex' if overlap else ''}({k.name!r}, grid={self.grid}, "
-                    f"block={k.block_threads}, dynamic_shared_bytes="
-                    f"{k.dynamic_shared_bytes}) failed with {_drv.error_name(err)}")
+        if overlap and self._config is None:
+            self._config = self.kernel._ex_config(self.grid, self._cu_stream)
+        self.kernel._start_checked(self._fn, self.grid, self._cu_stream, block[2], overlap,
+                                   self.device, self._config)
 
-    def _start(self, params: int, overlap: bool) -> Any:
-        if not overlap:
-            gx, gy, gz = self.grid
-            k = self.kernel
-            (err,) = cu.cuLaunchKernel(self._fn, gx, gy, gz, k._block, 1, 1, k._smem,
-                                       self._cu_stream, params, 0)
-            return err
-        if self._config is None:
-            attr = cu.CUlaunchAttribute()
-            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attr.value.programmaticStreamSerializationAllowed = 1
-            config = cu.CUlaunchConfig()
-            config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
-            config.blockDimX, config.blockDimY, config.blockDimZ = self.kernel._block, 1, 1
-            config.sharedMemBytes = self.kernel._smem
-            config.hStream = self._cu_stream
-            config.attrs = [attr]
-            config.numAttrs = 1
-            self._config = config
-        (err,) = cu.cuLaunchKernelEx(self._config, self._fn, params, 0)
-        return err
-
-    def _new_block(self) -> tuple[list[Any], int, Any]:
+    def _new_block(self) -> tuple[list[Any], Any, int]:
         """This thread's ``void**`` parameter block, holding the fixed values."""
-        slots = [t() if t is not ctypes.c_void_p else ctypes.c_uint64() for t in self._types]
-        for slot, value in zip(slots, self._values):
+        block = _new_param_block(self._types)
+        for slot, value in zip(block[0], self._values):
             slot.value = value
-        pointers = (ctypes.c_void_p * max(1, len(slots)))(
-            *[ctypes.addressof(slot) for slot in slots])
-        return slots, ctypes.addressof(pointers), pointers
+        return block
