@@ -412,26 +412,24 @@ class QuantLinear(nn.Module):
             y = backend_quant_linear(x2d, self.packed())
         return y if x2d is x else y.reshape(*shape[:-1], self.out_features)
 
-    def _check_input(self, x: torch.Tensor, qweight: torch.Tensor) -> None:
+    def _check_input(self, x: torch.Tensor) -> None:
         """The activation checks every path makes (ActivationError names what is wrong)."""
         if x.dtype not in _ACTIVATION_DTYPES:
             raise ActivationError(f"QuantLinear: x has dtype {x.dtype}; quantized layers take "
                                   "torch.float16 or torch.bfloat16 activations (cast the model,"
                                   " e.g. model.to(torch.float16))")
-        if x.device != qweight.device:
+        if x.device != self.qweight.device:
             raise ActivationError(f"QuantLinear: x is on {x.device} but the layer's weights are"
-                                  f" on {qweight.device}; move one to the other")
+                                  f" on {self.qweight.device}; move one to the other")
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise ActivationError(f"QuantLinear: x has shape {tuple(x.shape)}; its last "
                                   f"dimension must be in_features={self.in_features}")
 
-    def _op_forward(self, x: torch.Tensor, checked: bool = False) -> torch.Tensor:
-        """The forward through the custom op (what tracing and torch.compile see);
-        ``checked``: x was checked and permuted already."""
-        if not checked:
-            self._check_input(x, self.qweight)
-            if self.input_perm is not None:
-                x = x.index_select(-1, self.input_perm)
+    def _op_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward through the custom op (what tracing and torch.compile see)."""
+        self._check_input(x)
+        if self.input_perm is not None:
+            x = x.index_select(-1, self.input_perm)
         lead = x.shape[:-1]
         y = torch.ops.lowvm.quant_linear(x.reshape(-1, self.in_features), self.qweight,
                                          self.scales, self.zeros, self.bias,
