@@ -232,14 +232,10 @@ class WeightFormat:
 
     def repack(self, codes: np.ndarray) -> np.ndarray:
         """Codes ``[N, K]`` -> the repacked bytes (:func:`repack_weights`)."""
-        if self.order is None:  # the kernels' order: the library's call as it stands
-            return repack_weights(codes, self.wtype, self.schedule)
         return repack_weights(codes, self.wtype, self.schedule, self.order)
 
     def unpack(self, packed: np.ndarray, n: int, k: int) -> np.ndarray:
         """Repacked bytes -> codes ``[N, K]`` (:func:`unpack_repacked`)."""
-        if self.order is None:
-            return unpack_repacked(packed, self.wtype, n, k, self.schedule)
         return unpack_repacked(packed, self.wtype, n, k, self.schedule, self.order)
 
 

@@ -88,9 +88,11 @@ def test_a_changed_format_is_followed_and_changes_the_fingerprint(monkeypatch):
     derived torch repacker follows it and the fingerprint changes."""
     real = kf.KernelFormat(lowvm.int4, 128)
     monkeypatch.setattr(weight_format, "repack_weights",
-                        lambda codes, wt, s: _swap_nibbles(repack_weights(codes, wt, s)))
+                        lambda codes, wt, s, order=None: _swap_nibbles(
+                            repack_weights(codes, wt, s, order)))
     monkeypatch.setattr(weight_format, "unpack_repacked",
-                        lambda p, wt, n, k, s: unpack_repacked(_unswap_nibbles(p), wt, n, k, s))
+                        lambda p, wt, n, k, s, order=None: unpack_repacked(
+                            _unswap_nibbles(p), wt, n, k, s, order))
     changed = kf.KernelFormat(lowvm.int4, 128)
     assert changed.fast and changed.fingerprint != real.fingerprint
     codes = _codes(128, 256, 4, seed=3)
@@ -104,10 +106,12 @@ def test_a_format_that_is_no_bit_map_falls_back_to_the_library(monkeypatch):
     """Codes stored plus one (carries: not a per-bit map): the check fails, and conversion
     goes through the library's numpy functions, still exact."""
     real = kf.kernel_format("uint3", 64)
-    monkeypatch.setattr(weight_format, "repack_weights", lambda codes, wt, s: repack_weights(
-        ((codes.astype(np.int64) + 1) % 8).astype(np.uint8), wt, s))
-    monkeypatch.setattr(weight_format, "unpack_repacked", lambda p, wt, n, k, s: (
-        (unpack_repacked(p, wt, n, k, s).astype(np.int64) - 1) % 8).astype(np.uint8))
+    monkeypatch.setattr(weight_format, "repack_weights",
+                        lambda codes, wt, s, order=None: repack_weights(
+                            ((codes.astype(np.int64) + 1) % 8).astype(np.uint8), wt, s, order))
+    monkeypatch.setattr(weight_format, "unpack_repacked",
+                        lambda p, wt, n, k, s, order=None: ((unpack_repacked(
+                            p, wt, n, k, s, order).astype(np.int64) - 1) % 8).astype(np.uint8))
     fmt = kf.KernelFormat(lowvm.uint3, 64)
     assert not fmt.fast
     assert fmt.fingerprint != real.fingerprint
@@ -121,9 +125,9 @@ def test_a_format_that_is_no_bit_map_falls_back_to_the_library(monkeypatch):
 
 def test_the_tile_order_is_checked(monkeypatch):
     """A library that stored N tiles before K tiles would fail the 2 x 2 tile check."""
-    def n_major(codes, wt, s):
+    def n_major(codes, wt, s, order=None):
         n, k = codes.shape
-        tiles = [repack_weights(codes[:, kt * s.bk:(kt + 1) * s.bk], wt, s)
+        tiles = [repack_weights(codes[:, kt * s.bk:(kt + 1) * s.bk], wt, s, order)
                  for kt in range(k // s.bk)]  # each: the K tile's N tiles in order
         per_n = [np.split(t, n // s.bn) for t in tiles]
         return np.concatenate([per_n[kt][nt] for nt in range(n // s.bn)
