@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import gc
 import json
 import os
@@ -186,33 +187,18 @@ def _eager_comm_ms(loop: DecodeLoop, hooks: Sequence[Any], repeats: int = 3
 
 
 def _graph_allreduce_ms(count: int, batch: int, hidden: int, device: torch.device,
-                        group: Any, replays: int = 20) -> float | None:
+                        group: Any) -> float | None:
     """ms of ``count`` all-reduces of a ``[batch, hidden]`` float16 tensor (a decode step's
-    o/down outputs) replayed alone in one CUDA graph: the communication a graphed step
-    cannot avoid, without the eager timing's wait for the slowest rank's host."""
+    o/down outputs) replayed alone in one CUDA graph (:func:`~lowvm.runtime.timing.
+    time_graph`, median): the communication a graphed step cannot avoid, without the
+    eager timing's wait for the slowest rank's host."""
     if count == 0 or device.type != "cuda":
         return None
+    from lowvm.runtime.timing import time_graph
+
     buf = torch.zeros(batch, hidden, dtype=torch.float16, device=device)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(3):  # NCCL sets up its channels outside the capture
-            dist.all_reduce(buf, group=group)
-    torch.cuda.current_stream(device).wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(count):
-            dist.all_reduce(buf, group=group)
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(device)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize(device)
-    del graph
-    return start.elapsed_time(end) / replays
+    per_call = time_graph([functools.partial(dist.all_reduce, buf, group=group)] * count)
+    return per_call.median_us * count / 1e3
 
 
 def _agree(tokens: torch.Tensor, group: Any, world: int) -> bool:
