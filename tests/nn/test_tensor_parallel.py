@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import time
 import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from lowvm.nn.backend import LowvmFallbackWarning
@@ -26,6 +26,7 @@ from lowvm.nn.tensor_parallel import (
     shard_problem,
     shard_quant_linear,
 )
+from tests.helpers.ranks import rank_log, run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
@@ -166,9 +167,13 @@ def _quantized():
     return model
 
 
+_CPU_TIMEOUT_S = 900.0  # a 2-core CI machine, two ranks, several loads each
+
+
 def _worker(rank: int, world: int, port: int, root: str) -> None:
     import torch.distributed as dist
 
+    rank_log(root, rank, _CPU_TIMEOUT_S)
     warnings.simplefilter("ignore", LowvmFallbackWarning)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -250,7 +255,7 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
                              act_order=act_order, **shape)
     with torch.no_grad():
         gptq_ref = lowvm.from_pretrained(tmp_path / "gptq")(_IDS).logits.float()
-    mp.spawn(_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_worker, 2, (2, _port(), str(tmp_path)), tmp_path, _CPU_TIMEOUT_S)
     outs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     tol = 1e-2 * float(ref.abs().max())
     for out in outs:
@@ -273,13 +278,23 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
     assert torch.equal(outs[0]["manual"], outs[1]["manual"])
 
 
+_GPU_TIMEOUT_S = 480.0  # cold kernel compiles in both ranks, then NCCL set-up
+
+
 def _gpu_worker(rank: int, world: int, port: int, root: str) -> None:
     import torch.distributed as dist
+
+    log = rank_log(root, rank, _GPU_TIMEOUT_S)
+    start = time.monotonic()
+
+    def step(what: str) -> None:
+        log.write(f"{time.monotonic() - start:7.1f} s  {what}\n")
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    step("process group up")
     try:
         from transformers import AutoModelForCausalLM
 
@@ -287,14 +302,19 @@ def _gpu_worker(rank: int, world: int, port: int, root: str) -> None:
         from lowvm.serving.decode_loop import DecodeLoop
 
         model = AutoModelForCausalLM.from_pretrained(f"{root}/quantized", tp_plan="auto")
+        step("loaded")
         ids = _IDS.cuda()
         with torch.no_grad():
             logits = model(ids).logits
+        torch.cuda.synchronize()
+        step("forward done")
         loop = DecodeLoop(model, ids, 8)
         loop.capture()  # NCCL's all-reduces inside one CUDA graph per rank
+        step("step captured")
         out = {"logits": logits.cpu(), "tokens": loop(8).cpu(),
                "graph": loop.graph is not None,
                "q_rows": model.model.layers[0].self_attn.q_proj.out_features}
+        step("decoded")
         torch.save(out, f"{root}/gpu{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -310,7 +330,7 @@ def test_tp_plan_auto_on_two_gpus(tmp_path) -> None:
     single = single.cuda()
     with torch.no_grad():
         ref = single(_IDS.cuda()).logits.float().cpu()
-    mp.spawn(_gpu_worker, args=(2, _port(), str(tmp_path)), nprocs=2, join=True)
+    run_ranks(_gpu_worker, 2, (2, _port(), str(tmp_path)), tmp_path, _GPU_TIMEOUT_S)
     outs = [torch.load(tmp_path / f"gpu{r}.pt") for r in range(2)]
     for out in outs:
         assert out["graph"] and out["q_rows"] == 128
