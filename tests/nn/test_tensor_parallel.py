@@ -295,6 +295,7 @@ def _gpu_worker(rank: int, world: int, port: int, root: str) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     step("process group up")
+    loop = None
     try:
         from transformers import AutoModelForCausalLM
 
@@ -317,7 +318,11 @@ def _gpu_worker(rank: int, world: int, port: int, root: str) -> None:
         step("decoded")
         torch.save(out, f"{root}/gpu{rank}.pt")
     finally:
+        if loop is not None:  # a live graph holding NCCL kernels blocks the teardown
+            loop.close()
+            torch.cuda.synchronize()
         dist.destroy_process_group()
+        step("process group down")
 
 
 @pytest.mark.gpu
