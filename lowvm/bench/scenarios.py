@@ -122,6 +122,12 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "is <= 20 us",
              command=("{python}", "-m", "lowvm.bench.host_overhead", "--json",
                       "{out}/result.json")),
+    Scenario("profile", "json",
+             "Nsight Compute counters of lowvm int4 g128, cuBLAS float16 and Marlin (where "
+             "MARLIN_SRC is set) at M = 1, 16, 256, 4096: DRAM and SM throughput, busiest "
+             "pipe, occupancy and the largest warp stalls, i.e. what bounds each cell",
+             command=("{python}", "-m", "lowvm.bench.ncu_profile", "--json",
+                      "{out}/result.json")),
     Scenario("gpu-suite", "pytest", "the tests marked gpu, summarised from their JUnit XML",
              command=("{python}", "-m", "pytest", "-m", "gpu", "-q", "-n", "8", "-p",
                       "no:cacheprovider", "--junitxml", "{out}/junit.xml", "tests")),

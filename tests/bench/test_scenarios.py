@@ -15,7 +15,7 @@ def test_the_required_scenarios_exist_with_their_kinds():
     assert kinds == {"gemm-decode": "gemm", "gemm-prefill": "gemm", "types": "gemm",
                      "schedules": "schedules", "serving-loop": "serving",
                      "quality": "json", "fuzz": "json", "load-memory": "json",
-                     "tensor-parallel": "json", "host-overhead": "json",
+                     "tensor-parallel": "json", "host-overhead": "json", "profile": "json",
                      "gpu-suite": "pytest", "sanitizers": "sanitizers",
                      "sanitizers-fuzz": "sanitizers"}
 

@@ -1,0 +1,100 @@
+"""The profile's report handling: ncu's raw CSV is parsed, cut at the markers into one
+group per call, and each group summarised; a report that does not match the calls is an
+error, not a shifted table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import pytest
+
+from lowvm.bench import ncu_profile as prof
+
+_HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
+           "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+           "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+           "sm__warps_active.avg.pct_of_peak_sustained_active",
+           "launch__registers_per_thread", "launch__grid_size",
+           "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+           "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+           "smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio",
+           "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+           "smsp__average_warp_latency_issue_stalled_wait.ratio",
+           "smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio"]
+_UNITS = ["", "", "nsecond", "byte", "%", "%", "%", "register/thread", "", "%", "%", "", "",
+          "", ""]
+
+
+def _launch(i, name, ns, read, dram=50.0, tensor=10.0, long_sb=1.0):
+    return [str(i), name, f"{ns:,}", f"{read:,}", str(dram), "20", "30", "128", "264",
+            "5", str(tensor), str(long_sb), "2.5", "0.5", "0.25"]
+
+
+def _csv(rows):
+    lines = ['==PROF== Disconnected from process 1',
+             ",".join(f'"{h}"' for h in _HEADER), ",".join(f'"{u}"' for u in _UNITS)]
+    lines += [",".join(f'"{v}"' for v in row) for row in rows]
+    return "\n".join(lines)
+
+
+def test_groups_are_cut_at_markers_and_summarised():
+    text = _csv([
+        _launch(0, "spin_kernel(long)", 1000, 0),
+        _launch(1, "quant_gemm_int4", 20000, 60_000_000, dram=81.2, tensor=12.0, long_sb=7.5),
+        _launch(2, "spin_kernel(long)", 1000, 0),
+        _launch(3, "fill_kernel", 2000, 1000),
+        _launch(4, "Marlin<256>", 30000, 59_000_000, dram=70.0, tensor=40.0),
+    ])
+    launches = prof.parse_raw_csv(text)
+    assert len(launches) == 5
+    groups = prof.group_launches(launches, 2)
+    assert [len(g) for g in groups] == [1, 2]
+    first, second = (prof.summarize_launches(g) for g in groups)
+    assert first["time_us"] == 20.0 and first["dram_read_mb"] == 60.0
+    assert first["read_tbps"] == 3.0  # 60 MB in 20 us
+    assert first["dram_pct"] == 81.2 and first["registers"] == 128 and first["grid"] == 264
+    assert first["top_pipe"] == "tensor_op_hmma 12%"
+    assert first["top_stalls"].startswith("long_scoreboard 7.5, barrier 2.5")
+    # the longest launch gives the counters; the time is the group's sum
+    assert second["launches"] == 2 and second["time_us"] == 32.0
+    assert second["kernel_name"] == "Marlin<256>" and second["top_pipe"] == "tensor_op_hmma 40%"
+    table = prof.format_table([{"shape": "4096x6144", "m": 1, "kernel": "marlin", **second}])
+    assert "marlin" in table and " 128 " in table and "barrier 2.5" in table
+
+
+@pytest.mark.parametrize("calls,rows", [
+    (3, [_launch(0, "spin_kernel", 1, 0), _launch(1, "k", 5, 5)]),   # a call went missing
+    (2, [_launch(0, "spin_kernel", 1, 0), _launch(1, "spin_kernel", 1, 0),
+         _launch(2, "k", 5, 5)]),                                     # one group is empty
+])
+def test_a_report_that_does_not_match_the_calls_is_refused(calls, rows):
+    with pytest.raises(prof.ProfileError, match="marked groups"):
+        prof.group_launches(prof.parse_raw_csv(_csv(rows)), calls)
+
+
+def test_empty_report_is_refused():
+    with pytest.raises(prof.ProfileError, match="no launches"):
+        prof.parse_raw_csv("==PROF== nothing profiled")
+
+
+def test_command_leaves_clocks_alone_and_profiles_only_the_marked_range():
+    cmd = prof.ncu_command("ncu", "/tmp/r", ["python", "-m", "x"])
+    assert cmd[:1] == ["ncu"] and cmd[-3:] == ["python", "-m", "x"]
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--profile-from-start") + 1] == "off"
+    assert [cmd[i + 1] for i, w in enumerate(cmd) if w == "--section"] == list(prof.SECTIONS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(shutil.which("ncu") is None or importlib.util.find_spec("torch") is None,
+                    reason="needs Nsight Compute and a GPU")
+def test_profile_one_cell_on_the_gpu(tmp_path):
+    out = tmp_path / "p.json"
+    assert prof.main(["--shape", "4096,4096", "--m", "1", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    kernels = {r["kernel"] for r in rows}
+    assert {"lowvm_int4_g128", "cublas_fp16"} <= kernels
+    for r in rows:
+        assert r["time_us"] > 0 and r["dram_read_mb"] > 0 and r["registers"] > 0
