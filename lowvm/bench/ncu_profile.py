@@ -3,9 +3,10 @@
 Why it exists: a timing says how fast a kernel is, not what keeps it from going faster.
 For each (shape, M) this runs lowvm's int4 g128 kernel, cuBLAS float16 and, where its
 source or package is at hand (``MARLIN_SRC``), the original Marlin once each under
-``ncu`` and reports per kernel: its time, DRAM throughput (% of peak, and bytes read over
-the time), SM throughput, the busiest pipe, achieved occupancy, registers, grid, L2 hit
-rate and the three largest warp-stall reasons (cycles per issued instruction).
+``ncu`` and reports per kernel: its time, DRAM throughput (% of peak, and bytes moved over
+the time, read and written), SM throughput, the busiest pipe, achieved occupancy,
+registers, grid, L2 hit rate and the three largest warp-stall reasons (cycles per issued
+instruction).
 
 How: the parent runs ``ncu --clock-control none --profile-from-start off`` with the
 sections below over ``python -m lowvm.bench.ncu_profile --child``. The child prepares
@@ -47,17 +48,18 @@ DEFAULT_SHAPES = ("4096,6144", "4096,28672", "8192,10240")
 DEFAULT_MS = "1,16,256,4096"
 
 _DURATION = "gpu__time_duration.sum"
-_SCALARS = {  # column in the row -> ncu metric
-    "dram_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "sm_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    "occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "l2_hit_pct": "lts__t_sector_hit_rate.pct",
-    "registers": "launch__registers_per_thread",
-    "grid": "launch__grid_size",
-    "block": "launch__block_size",
+_SCALARS = {  # column in the row -> ncu metrics, the first one present wins
+    "dram_pct": ("gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
+                 "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    "sm_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed",),
+    "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
+    "l2_hit_pct": ("lts__t_sector_hit_rate.pct",),
+    "registers": ("launch__registers_per_thread",),
+    "grid": ("launch__grid_size",),
+    "block": ("launch__block_size",),
 }
 _COUNTS = ("registers", "grid", "block")
-_DRAM_READ = "dram__bytes_read.sum"
+_DRAM_RATE = "dram__bytes.sum.per_second"  # bytes read and written per second
 _PIPE = re.compile(r"^sm__(?:inst_executed_pipe|pipe)_(.+?)(?:_cycles_active)?"
                    r"\.avg\.pct_of_peak_sustained_active$")
 _STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
@@ -112,28 +114,30 @@ def summarize_launches(group: Sequence[dict[str, str]]) -> dict[str, Any]:
     ns = sum(durations)
     row: dict[str, Any] = {"launches": len(group), "time_us": round(ns / 1e3, 2),
                            "kernel_name": main.get("Kernel Name", "")[:60]}
-    for key, metric in _SCALARS.items():
-        value = _number(main.get(metric, ""))
+    for key, metrics in _SCALARS.items():
+        value = next((v for m in metrics if (v := _number(main.get(m, ""))) is not None), None)
         if value is not None:
             value = int(value) if key in _COUNTS else round(value, 1)
         row[key] = value
-    read = sum(_number(g.get(_DRAM_READ, "")) or 0.0 for g in group)
-    row["dram_read_mb"] = round(read / 1e6, 2)
-    row["read_tbps"] = round(read / ns / 1e3, 2) if ns else None
+    moved = sum((_number(g.get(_DRAM_RATE, "")) or 0.0) * d * 1e-9
+                for g, d in zip(group, durations, strict=True))
+    row["dram_mb"] = round(moved / 1e6, 2)
+    row["dram_tbps"] = round(moved / ns / 1e3, 2) if ns else None
     pipes = {m.group(1): v for k, t in main.items()
              if (m := _PIPE.match(k)) and (v := _number(t)) is not None}
     if pipes:
         best = max(pipes, key=pipes.__getitem__)
         row["top_pipe"] = f"{best} {pipes[best]:.0f}%"
-    stalls = {m.group(1): v for k, t in main.items()
-              if (m := _STALL.match(k)) and (v := _number(t)) is not None}
+    stalls = {m.group(1): v for k, t in main.items()  # "selected": issuing, not a stall
+              if (m := _STALL.match(k)) and m.group(1) != "selected"
+              and (v := _number(t)) is not None}
     row["top_stalls"] = ", ".join(f"{name} {value:.1f}" for name, value in
                                   sorted(stalls.items(), key=lambda kv: -kv[1])[:3])
     return row
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    cols = ("shape", "m", "kernel", "time_us", "dram_pct", "read_tbps", "sm_pct", "top_pipe",
+    cols = ("shape", "m", "kernel", "time_us", "dram_pct", "dram_tbps", "sm_pct", "top_pipe",
             "occupancy_pct", "registers", "grid", "top_stalls")
     table = [cols] + [tuple("" if r.get(c) is None else str(r.get(c)) for c in cols)
                       for r in rows]

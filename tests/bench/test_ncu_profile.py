@@ -7,29 +7,31 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from lowvm.bench import ncu_profile as prof
 
-_HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum",
-           "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+_HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes.sum.per_second",
+           "gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__warps_active.avg.pct_of_peak_sustained_active",
            "launch__registers_per_thread", "launch__grid_size",
            "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
            "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-           "smsp__average_warp_latency_issue_stalled_long_scoreboard.ratio",
+           "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
            "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
-           "smsp__average_warp_latency_issue_stalled_wait.ratio",
-           "smsp__average_warp_latency_issue_stalled_math_pipe_throttle.ratio"]
-_UNITS = ["", "", "nsecond", "byte", "%", "%", "%", "register/thread", "", "%", "%", "", "",
+           "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio",
+           "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio"]
+_UNITS = ["", "", "ns", "byte/s", "%", "%", "%", "register/thread", "", "%", "%", "", "",
           "", ""]
 
 
-def _launch(i, name, ns, read, dram=50.0, tensor=10.0, long_sb=1.0):
-    return [str(i), name, f"{ns:,}", f"{read:,}", str(dram), "20", "30", "128", "264",
-            "5", str(tensor), str(long_sb), "2.5", "0.5", "0.25"]
+def _launch(i, name, ns, rate, dram=50.0, tensor=10.0, long_sb=1.0):
+    """One launch: ``rate`` DRAM bytes per second over ``ns`` nanoseconds."""
+    return [str(i), name, f"{ns:,}", f"{rate:,.2f}", str(dram), "20", "30", "128", "264",
+            "5", str(tensor), str(long_sb), "2.5", "1.0", "0.25"]
 
 
 def _csv(rows):
@@ -42,23 +44,25 @@ def _csv(rows):
 def test_groups_are_cut_at_markers_and_summarised():
     text = _csv([
         _launch(0, "spin_kernel(long)", 1000, 0),
-        _launch(1, "quant_gemm_int4", 20000, 60_000_000, dram=81.2, tensor=12.0, long_sb=7.5),
+        _launch(1, "quant_gemm_int4", 20000, 3e12, dram=81.2, tensor=12.0, long_sb=7.5),
         _launch(2, "spin_kernel(long)", 1000, 0),
-        _launch(3, "fill_kernel", 2000, 1000),
-        _launch(4, "Marlin<256>", 30000, 59_000_000, dram=70.0, tensor=40.0),
+        _launch(3, "fill_kernel", 2000, 1e9),
+        _launch(4, "Marlin<256>", 30000, 2e12, dram=70.0, tensor=40.0),
     ])
     launches = prof.parse_raw_csv(text)
     assert len(launches) == 5
     groups = prof.group_launches(launches, 2)
     assert [len(g) for g in groups] == [1, 2]
     first, second = (prof.summarize_launches(g) for g in groups)
-    assert first["time_us"] == 20.0 and first["dram_read_mb"] == 60.0
-    assert first["read_tbps"] == 3.0  # 60 MB in 20 us
+    assert first["time_us"] == 20.0 and first["dram_mb"] == 60.0  # 3 TB/s for 20 us
+    assert first["dram_tbps"] == 3.0
     assert first["dram_pct"] == 81.2 and first["registers"] == 128 and first["grid"] == 264
     assert first["top_pipe"] == "tensor_op_hmma 12%"
-    assert first["top_stalls"].startswith("long_scoreboard 7.5, barrier 2.5")
+    # "selected" (1.0) is the issuing warp, not a stall
+    assert first["top_stalls"] == "long_scoreboard 7.5, barrier 2.5, math_pipe_throttle 0.2"
     # the longest launch gives the counters; the time is the group's sum
     assert second["launches"] == 2 and second["time_us"] == 32.0
+    assert second["dram_mb"] == 60.0  # 2 MB of the fill, 60 MB (2 TB/s for 30 us) of Marlin
     assert second["kernel_name"] == "Marlin<256>" and second["top_pipe"] == "tensor_op_hmma 40%"
     table = prof.format_table([{"shape": "4096x6144", "m": 1, "kernel": "marlin", **second}])
     assert "marlin" in table and " 128 " in table and "barrier 2.5" in table
@@ -72,6 +76,23 @@ def test_groups_are_cut_at_markers_and_summarised():
 def test_a_report_that_does_not_match_the_calls_is_refused(calls, rows):
     with pytest.raises(prof.ProfileError, match="marked groups"):
         prof.group_launches(prof.parse_raw_csv(_csv(rows)), calls)
+
+
+def test_a_real_h100_report():
+    """ncu 2025's raw page from an H100 (columns trimmed): lowvm, cuBLAS (its GEMV and a
+    split-K reduction: two launches) and Marlin at 4096 x 4096, M = 1 and 256."""
+    text = (Path(__file__).parent / "data" / "ncu_raw_h100.csv").read_text()
+    groups = prof.group_launches(prof.parse_raw_csv(text), 6)
+    rows = [prof.summarize_launches(g) for g in groups]
+    assert [r["launches"] for r in rows] == [1, 2, 1, 1, 1, 1]
+    lowvm = rows[0]
+    assert lowvm["kernel_name"].startswith("lowvm_quant_gemm")
+    assert lowvm["time_us"] == 9.02 and lowvm["dram_pct"] == 28.9
+    assert 8.0 < lowvm["dram_mb"] < 9.5  # the 8.4 MB int4 weight and its scales, read once
+    assert lowvm["registers"] == 48 and lowvm["grid"] == 512
+    assert lowvm["top_stalls"].startswith("long_scoreboard 8.3")
+    assert rows[3]["kernel_name"].startswith("lowvm_quant_gemm_wgmma")
+    assert rows[3]["top_pipe"].startswith("tensor_op")
 
 
 def test_empty_report_is_refused():
@@ -97,4 +118,4 @@ def test_profile_one_cell_on_the_gpu(tmp_path):
     kernels = {r["kernel"] for r in rows}
     assert {"lowvm_int4_g128", "cublas_fp16"} <= kernels
     for r in rows:
-        assert r["time_us"] > 0 and r["dram_read_mb"] > 0 and r["registers"] > 0
+        assert r["time_us"] > 0 and r["dram_mb"] > 0 and r["registers"] > 0
