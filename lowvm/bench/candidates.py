@@ -25,6 +25,7 @@ from typing import Any
 from lowvm.bench import counting, gemlite_baseline, lowvm_entry, marlin_baseline, tinygemm
 from lowvm.bench.errors import BenchError
 from lowvm.dtypes import DType
+from lowvm.kernels.weights import fits_float16
 
 __all__ = [
     "BASELINES",
@@ -147,10 +148,13 @@ def _lowvm_candidates(weight: Any, dtypes: tuple[DType, ...], groups: tuple[int,
                 status = "skipped" if isinstance(exc, BenchError) else "failed"
                 missing.append(Unavailable(name, "lowvm", dt.name, fmt, status, _error(exc)))
                 continue
+            # types whose values float16 cannot hold run on bfloat16 activations, the
+            # kernel QuantLinear runs for them when given float16
+            half = fits_float16(dt)
             ready.append(Candidate(
-                name, "lowvm", dt.name, fmt, torch.float16,
+                name, "lowvm", dt.name, fmt, torch.float16 if half else torch.bfloat16,
                 lambda x, p=prep: lowvm_entry.run(p, x),
-                lambda p=prep: lowvm_entry.dequantized(p), TOL_FP16,
+                lambda p=prep: lowvm_entry.dequantized(p), TOL_FP16 if half else TOL_BF16,
                 lambda p=prep: _lowvm_copy(p)))
 
 

@@ -4,7 +4,9 @@ A regression guard: every GEMM cell measured in both files (same scenario, kerne
 schedule, method, K, N, M) is compared, and the command exits 1 when any is more than
 ``tolerance`` slower in the fresh file (or when the files share no cell, which would
 compare nothing). For command scenarios, a fresh failure where the reference passed is
-a regression too.
+a regression too. A slower cell whose fastest tenth of runs (p10) is not slower is still
+a failure, labelled as such: its runs spread (e.g. half at each of two times), which a
+re-run tells apart from a kernel that got slower.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ class Cell:
     key: tuple[Any, ...]
     fresh_us: float
     reference_us: float
+    fresh_p10_us: float | None = None
+    reference_p10_us: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -38,6 +42,17 @@ class Cell:
     def slower(self, tolerance: float) -> bool:
         return self.ratio > 1 + tolerance
 
+    def verdict(self, tolerance: float) -> str:
+        """"" within tolerance; "SLOWER"; or, where only the median moved, "SLOWER
+        (median; p10 +x%)"."""
+        if not self.slower(tolerance):
+            return ""
+        if self.fresh_p10_us and self.reference_p10_us:
+            p10 = self.fresh_p10_us / self.reference_p10_us
+            if p10 <= 1 + tolerance:
+                return f"SLOWER (median; p10 {100 * (p10 - 1):+.1f}%: runs spread, re-run)"
+        return "SLOWER"
+
 
 def cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
     """What identifies a row across runs."""
@@ -45,8 +60,9 @@ def cell_key(row: dict[str, Any]) -> tuple[Any, ...]:
             row.get("k"), row.get("n"), row.get("m"))
 
 
-def _cells(doc: dict[str, Any]) -> dict[tuple[Any, ...], float]:
-    return {cell_key(r): r["median_us"] for r in doc["rows"]
+def _cells(doc: dict[str, Any]) -> dict[tuple[Any, ...], tuple[float, float | None]]:
+    """(median, p10) microseconds of each measured cell."""
+    return {cell_key(r): (r["median_us"], r.get("p10_us")) for r in doc["rows"]
             if r.get("status") == "ok" and r.get("median_us")}
 
 
@@ -56,7 +72,8 @@ def compare_docs(fresh: dict[str, Any], reference: dict[str, Any]) -> list[Cell]
         raise BenchError(f"compare: the files ran different scenarios "
                          f"({fresh.get('scenario')!r} and {reference.get('scenario')!r})")
     new, old = _cells(fresh), _cells(reference)
-    return [Cell(key, new[key], old[key]) for key in old if key in new]
+    return [Cell(key, new[key][0], old[key][0], new[key][1], old[key][1])
+            for key in old if key in new]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     slow = [c for c in cells if c.slower(opts.tolerance)]
     body = [[*map(str, c.key), f"{c.reference_us:.1f}", f"{c.fresh_us:.1f}",
-             f"{100 * (c.ratio - 1):+.1f}%", "SLOWER" if c in slow else ""] for c in cells]
+             f"{100 * (c.ratio - 1):+.1f}%", c.verdict(opts.tolerance)] for c in cells]
     print(format_table(["kernel", "schedule", "method", "K", "N", "M", "reference us",
                         "fresh us", "change", ""], body))
     print(f"\n{len(cells)} cells compared, {len(slow)} more than "

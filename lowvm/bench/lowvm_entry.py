@@ -104,7 +104,8 @@ def prepare(weight_fp16: Any, wtype: str | DType, group: int) -> Prepared:
 
 
 def run(prepared: Prepared, x: Any) -> Any:
-    """``y [M, N] fp16 = x [M, K] fp16 @ dequant(W)^T``."""
+    """``y [M, N] = x [M, K] @ dequant(W)^T`` in x's type (float16, or bfloat16 for types
+    whose values float16 cannot hold)."""
     return quant_linear(x, prepared.weight)
 
 

@@ -241,6 +241,28 @@ def _tensor_parallel_tables(doc: dict[str, Any]) -> list[str]:
     return ["\n\n".join(lines)]
 
 
+def _profile_tables(doc: dict[str, Any]) -> list[str]:
+    """An Nsight Compute profile: per shape, M and kernel, the time under ncu and the
+    counters that say what bounds it."""
+    lines = [f"Outcome: **{'passed' if doc.get('ok') else 'failed'}**"]
+    body = [[r.get("shape"), r.get("m"), r.get("kernel"), _fixed(r.get("time_us"), ".1f"),
+             _fixed(r.get("dram_pct"), ".1f"), _fixed(r.get("dram_tbps"), ".2f"),
+             _fixed(r.get("sm_pct"), ".1f"), r.get("top_pipe", ""),
+             _fixed(r.get("occupancy_pct"), ".1f"), r.get("registers", ""),
+             r.get("grid", ""), r.get("top_stalls", "")]
+            for r in doc.get("rows") or []]
+    lines.append(markdown_table(["shape (K x N)", "M", "kernel", "us (ncu)", "DRAM % of peak",
+                                 "DRAM TB/s", "SM %", "busiest pipe", "occupancy %",
+                                 "registers", "grid", "largest stalls (cycles / instruction)"],
+                                body))
+    lines.append("Under ncu every call starts with cold caches (it flushes them before each "
+                 "replayed pass) and runs alone, so its time is above the graph timings of "
+                 "the same cell. DRAM TB/s counts bytes read and written.")
+    for s in doc.get("skipped") or []:
+        lines.append(f"Not profiled: {s.get('kernel')} at {s.get('shape')} ({s.get('note')}).")
+    return ["\n\n".join(lines)]
+
+
 def _tp_step_fit(rows: Sequence[dict[str, Any]], batch: int = 1) -> str:
     """What bounds the scaling, from the rows themselves: the quantized rows at ``batch``
     fitted to ``step = X + Y / TP + all-reduce`` from TP 1 and TP 2 (X: time that does
@@ -301,6 +323,8 @@ def render_doc(doc: dict[str, Any], source: str = "") -> str:
         tables = _load_memory_tables(doc)
     elif doc.get("scenario") == "tensor-parallel":
         tables = _tensor_parallel_tables(doc)
+    elif doc.get("scenario") == "profile":
+        tables = _profile_tables(doc)
     else:
         tables = _outcome_tables(doc)
     head = f"### {doc.get('scenario', '?')}\n\n```\n{command}\n```\n\n{where}"

@@ -109,6 +109,20 @@ def test_compare_passes_within_tolerance_and_fails_beyond(tmp_path):
     assert compare.main([str(slow), str(ref), "--tolerance", "0.1"]) == 0
 
 
+def test_compare_labels_a_median_that_moved_while_the_fastest_runs_did_not(tmp_path, capsys):
+    from lowvm.bench.compare import Cell
+
+    ref = _doc({("lowvm_int4_g128", 1): 48.0})
+    fresh = _doc({("lowvm_int4_g128", 1): 48.0})
+    row = fresh["rows"][0]
+    row["median_us"], row["p10_us"] = 55.0, 48.2  # half the runs at 48 us, half at 55
+    a, b = results.write(fresh, tmp_path / "fresh.json"), results.write(ref, tmp_path / "r.json")
+    assert compare.main([str(a), str(b)]) == 1  # still a failure
+    assert "SLOWER (median; p10 +0.4%: runs spread, re-run)" in capsys.readouterr().out
+    assert Cell(("k",), 55.0, 48.0, 54.0, 48.0).verdict(0.07) == "SLOWER"
+    assert Cell(("k",), 50.0, 48.0, 49.0, 48.0).verdict(0.07) == ""
+
+
 def test_compare_refuses_files_with_nothing_in_common(tmp_path, capsys):
     a = results.write(_doc({("lowvm_int4_g128", 1): 20.0}), tmp_path / "a.json")
     b = results.write(_doc({("lowvm_int4_g128", 16): 20.0}), tmp_path / "b.json")
@@ -340,3 +354,34 @@ def test_a_tensor_parallel_document_renders_ratios_and_goals():
     assert "int4_over_float16 3.50 (target 2.5: met)" in text
     # 25 = X + Y, 14.3 - 0.5 = X + Y / 2: Y = 22.4, X = 2.6
     assert "X = 2.60 ms that does not shrink with TP, Y = 22.40 ms that does." in text
+
+
+def test_a_profile_document_renders_the_counters_and_what_was_not_profiled():
+    from lowvm.bench.report import render_doc
+
+    row = {"shape": "4096x28672", "m": 1, "kernel": "lowvm_int4_g128", "time_us": 26.66,
+           "dram_pct": 70.5, "dram_tbps": 2.36, "sm_pct": 25.7, "top_pipe": "alu 26%",
+           "occupancy_pct": 21.1, "registers": 84, "grid": 448,
+           "top_stalls": "long_scoreboard 7.1, wait 1.1"}
+    doc = {"kind": "json", "scenario": "profile", "ok": True, "rows": [row],
+           "skipped": [{"kernel": "marlin_int4_g128", "shape": "4096x28672",
+                        "note": "not available: MARLIN_SRC not set"}]}
+    text = render_doc(doc)
+    assert "python -m lowvm.bench profile" in text
+    assert ("| 4096x28672 | 1 | lowvm_int4_g128 | 26.7 | 70.5 | 2.36 | 25.7 | alu 26% | 21.1 "
+            "| 84 | 448 | long_scoreboard 7.1, wait 1.1 |") in text
+    assert "Not profiled: marlin_int4_g128 at 4096x28672 (not available" in text
+
+
+def test_lowvm_types_float16_cannot_hold_are_timed_on_bfloat16_activations():
+    import torch
+
+    from lowvm.dtypes import dtype
+
+    weight = torch.randn(128, 256).to(torch.float16)
+    ready, missing = candidates.build_candidates(
+        weight, (dtype("int4"), dtype("float7_e5m1"), dtype("float8_e6m1")), (128,), ())
+    assert missing == []
+    acts = {c.wtype: (c.act_dtype, c.tol) for c in ready}
+    assert acts["int4"] == (torch.float16, candidates.TOL_FP16)
+    assert acts["float7_e5m1"] == acts["float8_e6m1"] == (torch.bfloat16, candidates.TOL_BF16)
