@@ -71,6 +71,14 @@ shifts of that word, shared by every pair at ``p``, bring the signs to bit 15 an
 magnitudes to their place (:func:`_plan_float_matched`); in the plain order each pair
 first needs its own window, shift and ``prmt`` to put its codes 16 bits apart.
 
+**Hardware conversion** (sm_89 and later): float8_e4m3 to float16 is one PTX
+``cvt.rn.f16x2.e4m3x2`` per pair of codes (two bytes of a word), plus one ``prmt`` and one
+``lop3`` that put each code's sign bit on its lane: the instruction returns NaN codes as
+the unsigned canonical NaN, and lowvm keeps a NaN's sign. :func:`plan_hardware_cast`
+builds that plan; the kernel runs it under ``__CUDA_ARCH__ >= 890`` and the bit
+manipulation above on older GPUs (sm_90 main loop of a 4096 x 4096 decode GEMM: 271 ->
+139 instructions per K step, against int8's 124).
+
 Not covered (returns False, the generic loop runs): e5m1 and e6m1 to float16 (their
 largest values overflow float16 to inf, and e6m1's smallest underflow; the shift would
 produce NaN patterns), every other source or destination type.
@@ -92,8 +100,8 @@ if TYPE_CHECKING:
     from lowvm.codegen.context import CudaContext
     from lowvm.instructions.data import Cast
 
-__all__ = ["Op", "Recipe", "recipe", "plan_cast", "plan_work", "pair_span", "simulate",
-           "emit_fast_cast", "LOP3_AND_XOR"]
+__all__ = ["Op", "Recipe", "recipe", "plan_cast", "plan_hardware_cast", "plan_work",
+           "pair_span", "simulate", "emit_fast_cast", "LOP3_AND_XOR", "HARDWARE_MIN_ARCH"]
 
 #: ``lop3`` truth table of ``(a & b) ^ c`` (a = 0xF0, b = 0xCC, c = 0xAA).
 LOP3_AND_XOR = (0xF0 & 0xCC) ^ 0xAA
@@ -256,7 +264,8 @@ class Op:
     ``shf`` (funnel shift right of args (lo, hi) by imm s), ``lop3`` (args a, b, c; imm:
     truth table), ``prmt`` (args a, b; imm: selector), ``hsub2`` / ``hmul2`` (imm: constant
     lanes), ``hfma2`` (imm: multiplier, addend), ``fsub`` (float32 minus imm pattern),
-    ``hgt_mask`` (0xFFFF per lane where ``|a| > imm``), ``store2`` / ``store1`` (imm:
+    ``hgt_mask`` (0xFFFF per lane where ``|a| > imm``), ``cvt_e4m3x2`` (imm: h: the
+    float16 pair of the two e4m3 bytes in half h of a, NaN as 0x7FFF), ``store2`` / ``store1`` (imm:
     local index: both lanes to locals l, l + 1, or the low lane to local l), ``comment``.
     """
 
@@ -658,6 +667,28 @@ def plan_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
     return b.ops
 
 
+#: the smallest ``__CUDA_ARCH__`` with the PTX e4m3x2 -> f16x2 conversion
+HARDWARE_MIN_ARCH = 890
+
+
+def plan_hardware_cast(src: DType, dst: DType, size: int, perm: np.ndarray | None = None
+                       ) -> list[Op] | None:
+    """The hardware-conversion plan of ``src -> dst`` (float8_e4m3 to float16), for GPUs of
+    ``HARDWARE_MIN_ARCH`` and later; None for every other pair (see the module
+    docstring)."""
+    rec = recipe(src, dst)
+    if rec is None or src.name != "float8_e4m3" or dst != float16 or size < 1:
+        return None
+    b = _Builder(rec, size)
+    for w, j, l0, pair in _byte_pairs(b):
+        # signs of bytes j, j + 1 to bits 15 and 31 (the bytes go to bytes 1 and 3)
+        signs = b.op("prmt", (w, 0), (((j + 1) << 12) | 0x0400 | (j << 4) | 0x4,))
+        r = b.op("cvt_e4m3x2", (w,), (j // 2,))
+        b.store(b.op("lop3", (signs, 0x80008000, r), (LOP3_AND_OR,)), l0, pair)
+    b.assemble(perm)
+    return b.ops
+
+
 def plan_work(ops: list[Op]) -> int:
     """Instructions of a plan (sources, stores and comments are not)."""
     return sum(op.kind not in ("word", "store1", "store2", "comment") for op in ops)
@@ -719,6 +750,20 @@ def _const_lanes(c: int, dst: DType) -> np.ndarray:
     return _split(np.array([c], np.uint32), dst)[0]
 
 
+def _cvt_e4m3x2(v: np.ndarray) -> np.ndarray:
+    """PTX ``cvt.rn.f16x2.e4m3x2`` of the low 16 bits of ``v``: byte 0 to the low float16
+    lane, byte 1 to the high one, exact; NaN codes become the canonical NaN 0x7FFF."""
+    from lowvm.dtypes import dtype as as_dtype
+
+    e4m3 = as_dtype("float8_e4m3")
+    lanes = []
+    for shift in (0, 8):
+        values = decode((v >> np.uint32(shift)) & np.uint32(0xFF), e4m3).astype(np.float64)
+        bits = to_codes(round_to(np.nan_to_num(values), float16), float16).astype(np.uint32)
+        lanes.append(np.where(np.isnan(values), np.uint32(0x7FFF), bits))
+    return lanes[0] | lanes[1] << np.uint32(16)
+
+
 def simulate(ops: list[Op], words: np.ndarray, dst: DType, size: int) -> np.ndarray:
     """Run ``ops`` on the source words ``[threads, W]`` (uint32); the ``[threads, size]``
     uint16 patterns of the destination, as the emitted CUDA computes them (half2/bf162
@@ -759,6 +804,8 @@ def simulate(ops: list[Op], words: np.ndarray, dst: DType, size: int) -> np.ndar
                 over = np.abs(_split(a[0], dst)) > _const_lanes(op.imm[0], dst)
                 r = np.where(over[:, 0], 0xFFFF, 0) | np.where(over[:, 1], 0xFFFF0000, 0)
                 r = r.astype(np.uint32)
+            elif op.kind == "cvt_e4m3x2":
+                r = _cvt_e4m3x2(a[0] >> np.uint32(16 * op.imm[0]))
             elif op.kind == "fsub":
                 c = np.array([op.imm[0]], np.uint32).view(np.float32)
                 r = (a[0].view(np.float32) - c).view(np.uint32)
@@ -863,6 +910,13 @@ class _Printer:
         elif op.kind == "hgt_mask":
             cg.line(f"const lowvm_u32 {out} = __hgt2_mask(__habs2({self.half2(a[0])}), "
                     f"{self.half2(op.imm[0])});")
+        elif op.kind == "cvt_e4m3x2":
+            # the word's halves as 16-bit registers: ptxas reads the high one in place
+            half = "hi" if op.imm[0] else "lo"
+            cg.line(f"lowvm_u32 {out};")
+            cg.line(f'asm("{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, %1; '
+                    f'cvt.rn.f16x2.e4m3x2 %0, {half}; }}" : "=r"({out}) : '
+                    f'"r"({self.u32(a[0])}));')
         elif op.kind == "fsub":
             c = float(np.array([op.imm[0]], np.uint32).view(np.float32)[0])
             cg.line(f"const lowvm_u32 {out} = __float_as_uint(__uint_as_float("
@@ -907,12 +961,23 @@ def emit_fast_cast(inst: Cast, cg: CudaContext) -> bool:
     assert rec is not None
     native = not is_packed(src.dtype)
     assert native == (src.dtype in (int8, uint8))
-    printer = _Printer(cg, cg.name(src), cg.name(out), rec, size, native)
+    hardware = plan_hardware_cast(src.dtype, out.dtype, size, perm)
     cg.line(f"// {inst}  [bit-manipulation cast, two locals per 32-bit word]")
+    if hardware is not None:
+        cg.line(f"#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= {HARDWARE_MIN_ARCH}")
+        _emit_block(_Printer(cg, cg.name(src), cg.name(out), rec, size, native), hardware)
+        cg.line("#else")
+    _emit_block(_Printer(cg, cg.name(src), cg.name(out), rec, size, native), ops)
+    if hardware is not None:
+        cg.line("#endif")
+    return True
+
+
+def _emit_block(printer: _Printer, ops: list[Op]) -> None:
+    cg = printer.cg
     cg.line("{")
     cg.depth += 1
     for op in ops:
         printer.emit(op)
     cg.depth -= 1
     cg.line("}")
-    return True

@@ -19,7 +19,15 @@ import pytest
 
 import lowvm
 import lowvm.lang as vm
-from lowvm.codegen.fast_cast import Op, pair_span, plan_cast, plan_work, recipe, simulate
+from lowvm.codegen.fast_cast import (
+    Op,
+    pair_span,
+    plan_cast,
+    plan_hardware_cast,
+    plan_work,
+    recipe,
+    simulate,
+)
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.driver import generate_cuda
 from lowvm.dtypes import all_dtypes, bfloat16, decode, float16, pack
@@ -232,6 +240,43 @@ def _split_perm(size: int, span: int) -> np.ndarray:
     """The split_pairs order as a cast's perm: source local ``a*span/2 + i`` of each run
     is destination local ``2i + a``."""
     return np.arange(size).reshape(-1, 2, span // 2).transpose(0, 2, 1).reshape(-1)
+
+
+def test_hardware_e4m3_plan_is_exact_keeps_nan_signs_and_costs_three_per_pair():
+    """float8_e4m3 -> float16 through ``cvt.rn.f16x2.e4m3x2`` (modelled as the PTX ISA
+    defines it: exact, NaN as the unsigned canonical 0x7FFF): every code, in every local,
+    plain and permuted, with each NaN's sign restored; 3 operations per pair of locals
+    against the bit manipulation's 7. No other pair has a hardware plan."""
+    src = lowvm.float8_e4m3
+    rng = np.random.default_rng(89)
+    threads = 256
+    for size in (1, 2, 3, 5, 8, 24, 64):
+        for perm in (None, rng.permutation(size)):
+            ops = plan_hardware_cast(src, float16, size, perm)
+            assert ops is not None and [op.kind for op in ops].count("cvt_e4m3x2") == -(-size // 2)
+            codes = _codes(src, size, threads, rng)
+            got = simulate(ops, _stream_words(codes, src, rng), float16, size)
+            used = codes if perm is None else codes[:, perm]
+            want, nan = _expected_bits(used, src, float16)
+            assert nan.any()  # S.1111.111 in both signs
+            _assert_same_bits(got, want, nan, float16, f"hardware e4m3, {size} locals")
+    assert plan_work(plan_hardware_cast(src, float16, 64)) == 3 * 32
+    assert plan_work(plan_cast(src, float16, 64)) == 7 * 32
+    assert plan_hardware_cast(src, bfloat16, 8) is None
+    assert all(plan_hardware_cast(s, d, 8) is None for s, d in COVERED
+               if (s, d) != (src, float16))
+
+
+def test_hardware_e4m3_source_keeps_the_bit_manipulation_for_older_gpus():
+    body = _kernel_body(generate_cuda(_program(lowvm.float8_e4m3, float16, 8)).source)
+    guard = "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890"
+    assert body.count(guard) == 1 and "#else" in body and "#endif" in body
+    newer = body[body.index(guard):body.index("#else")]
+    older = body[body.index("#else"):body.index("#endif")]
+    assert newer.count("cvt.rn.f16x2.e4m3x2") == 4 and "__hmul2" not in newer
+    assert "cvt.rn" not in older and "__hmul2" in older
+    other = _kernel_body(generate_cuda(_program(lowvm.float8_e5m2, float16, 8)).source)
+    assert "__CUDA_ARCH__" not in other
 
 
 def test_three_bit_codes_in_split_order_cost_little_more_than_four_bit():
