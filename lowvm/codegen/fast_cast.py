@@ -265,8 +265,9 @@ class Op:
     truth table), ``prmt`` (args a, b; imm: selector), ``hsub2`` / ``hmul2`` (imm: constant
     lanes), ``hfma2`` (imm: multiplier, addend), ``fsub`` (float32 minus imm pattern),
     ``hgt_mask`` (0xFFFF per lane where ``|a| > imm``), ``cvt_e4m3x2`` (imm: h: the
-    float16 pair of the two e4m3 bytes in half h of a, NaN as 0x7FFF), ``store2`` / ``store1`` (imm:
-    local index: both lanes to locals l, l + 1, or the low lane to local l), ``comment``.
+    float16 pair of the two e4m3 bytes in half h of a, NaN as 0x7FFF), ``store2`` /
+    ``store1`` (imm: local index: both lanes to locals l, l + 1, or the low lane to local
+    l), ``comment``.
     """
 
     kind: str
@@ -558,6 +559,12 @@ def _float_finish(b: _Builder, z: str, clean: bool) -> str:
     return r
 
 
+def _lane_tops(j: int) -> int:
+    """``prmt`` selector putting bytes ``j`` and ``j + 1`` of a word at the tops of its two
+    16-bit lanes (bytes 1 and 3), zeros below."""
+    return ((j + 1) << 12) | 0x0400 | (j << 4) | 0x4
+
+
 def _plan_float(b: _Builder) -> None:
     rec, n, size = b.rec, b.rec.nbits, b.size
     for l0 in range(0, size, 2):
@@ -565,7 +572,7 @@ def _plan_float(b: _Builder) -> None:
         b.note(f"locals {l0}, {l0 + 1}" if pair else f"local {l0}")
         if n == 8:  # byte codes: prmt them into bytes 1 and 3, zeros below (clean lanes)
             k, j = divmod(l0, 4)
-            z = b.op("prmt", (b.word(k), 0), (((j + 1) << 12) | 0x0400 | (j << 4) | 0x4,))
+            z = b.op("prmt", (b.word(k), 0), (_lane_tops(j),))
             b.store(_float_finish(b, z, True), l0, pair)
             continue
         o = rec.offset
@@ -682,7 +689,7 @@ def plan_hardware_cast(src: DType, dst: DType, size: int, perm: np.ndarray | Non
     b = _Builder(rec, size)
     for w, j, l0, pair in _byte_pairs(b):
         # signs of bytes j, j + 1 to bits 15 and 31 (the bytes go to bytes 1 and 3)
-        signs = b.op("prmt", (w, 0), (((j + 1) << 12) | 0x0400 | (j << 4) | 0x4,))
+        signs = b.op("prmt", (w, 0), (_lane_tops(j),))
         r = b.op("cvt_e4m3x2", (w,), (j // 2,))
         b.store(b.op("lop3", (signs, 0x80008000, r), (LOP3_AND_OR,)), l0, pair)
     b.assemble(perm)
