@@ -10,6 +10,7 @@ assertion message.
 from __future__ import annotations
 
 import faulthandler
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,16 @@ from typing import IO, Any
 
 import torch.multiprocessing as mp
 
-__all__ = ["rank_log", "run_ranks"]
+__all__ = ["free_port", "rank_log", "run_ranks"]
 
 _DUMP_MARGIN_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for the ranks' rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _log_path(root: str | Path, rank: int) -> Path:

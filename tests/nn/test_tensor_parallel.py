@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import time
 import warnings
 
@@ -26,7 +25,7 @@ from lowvm.nn.tensor_parallel import (
     shard_problem,
     shard_quant_linear,
 )
-from tests.helpers.ranks import rank_log, run_ranks
+from tests.helpers.ranks import free_port, rank_log, run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
@@ -231,12 +230,6 @@ def _worker(rank: int, world: int, port: int, root: str) -> None:
         dist.destroy_process_group()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_two_ranks_match_one_process(tmp_path) -> None:
     warnings.simplefilter("ignore", LowvmFallbackWarning)
@@ -255,7 +248,7 @@ def test_two_ranks_match_one_process(tmp_path) -> None:
                              act_order=act_order, **shape)
     with torch.no_grad():
         gptq_ref = lowvm.from_pretrained(tmp_path / "gptq")(_IDS).logits.float()
-    run_ranks(_worker, 2, (2, _port(), str(tmp_path)), tmp_path, _CPU_TIMEOUT_S)
+    run_ranks(_worker, 2, (2, free_port(), str(tmp_path)), tmp_path, _CPU_TIMEOUT_S)
     outs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     tol = 1e-2 * float(ref.abs().max())
     for out in outs:
@@ -335,7 +328,7 @@ def test_tp_plan_auto_on_two_gpus(tmp_path) -> None:
     single = single.cuda()
     with torch.no_grad():
         ref = single(_IDS.cuda()).logits.float().cpu()
-    run_ranks(_gpu_worker, 2, (2, _port(), str(tmp_path)), tmp_path, _GPU_TIMEOUT_S)
+    run_ranks(_gpu_worker, 2, (2, free_port(), str(tmp_path)), tmp_path, _GPU_TIMEOUT_S)
     outs = [torch.load(tmp_path / f"gpu{r}.pt") for r in range(2)]
     for out in outs:
         assert out["graph"] and out["q_rows"] == 128

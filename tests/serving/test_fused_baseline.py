@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import warnings
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from lowvm.nn.fuse import FusedGateUpMLP, fuse_projections
 from lowvm.serving import cli as serving_cli
 from lowvm.serving import tp_bench
+from tests.helpers.ranks import free_port, rank_log, run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
@@ -57,8 +56,12 @@ def test_tp_bench_one_rank_fuses_float16(tmp_path, flag):
     assert out["ok"] and [r["fused"] for r in out["rows"]] == [not flag]
 
 
+_TIMEOUT_S = 600.0
+
+
 def _colwise_worker(rank: int, world: int, port: int, path: str) -> None:
     """One rank's float16 shards, fused against unfused: the same logits on every rank."""
+    rank_log(os.path.dirname(path), rank, _TIMEOUT_S)
     warnings.simplefilter("ignore")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world))
@@ -92,11 +95,8 @@ def _colwise_worker(rank: int, world: int, port: int, path: str) -> None:
 def test_two_ranks_fuse_their_colwise_shards(tmp_path):
     """Each rank's q/k/v (gate/up) shards are whole heads (MLP columns): fused, a rank's
     attention and MLP compute what its unfused shards did, all-reduced as before."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
     path = str(tmp_path / "rank")
-    mp.spawn(_colwise_worker, args=(2, port, path), nprocs=2, join=True)
+    run_ranks(_colwise_worker, 2, (2, free_port(), path), tmp_path, _TIMEOUT_S)
     for rank in range(2):
         got = json.loads(open(f"{path}.{rank}").read())
         assert got["report"] == [2, 2, 4, []] and got["fused_mlp"]

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import warnings
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from lowvm.errors import DTypeError
 from lowvm.nn.quant_linear import QuantLinear
 from lowvm.serving import tp_bench
+from tests.helpers.ranks import free_port, rank_log, run_ranks
 
 pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
 
@@ -59,7 +58,11 @@ def test_bad_type_fails_before_any_process_group() -> None:
         tp_bench._parse(["--dtype", "int4,int99"])
 
 
+_TIMEOUT_S = 600.0
+
+
 def _worker(rank: int, world: int, port: int, path: str) -> None:
+    rank_log(os.path.dirname(path), rank, _TIMEOUT_S)
     warnings.simplefilter("ignore")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
@@ -70,11 +73,8 @@ def _worker(rank: int, world: int, port: int, path: str) -> None:
 
 @pytest.mark.slow
 def test_two_ranks_write_rows(tmp_path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
     path = tmp_path / "tp.json"
-    mp.spawn(_worker, args=(2, port, str(path)), nprocs=2, join=True)
+    run_ranks(_worker, 2, (2, free_port(), str(path)), tmp_path, _TIMEOUT_S)
     result = json.loads(path.read_text())
     assert result["ok"] and result["environment"]["world"] == 2
     rows = result["rows"]
