@@ -4,9 +4,9 @@ Why it exists: a timing says how fast a kernel is, not what keeps it from going 
 For each (shape, M) this runs lowvm's int4 g128 kernel, cuBLAS float16 and, where its
 source or package is at hand (``MARLIN_SRC``), the original Marlin once each under
 ``ncu`` and reports per kernel: its time, DRAM throughput (% of peak, and bytes moved over
-the time, read and written), SM throughput, the busiest pipe, achieved occupancy,
-registers, grid, L2 hit rate and the three largest warp-stall reasons (cycles per issued
-instruction).
+the time, read and written), SM throughput, the busiest pipe (cycles active), achieved
+occupancy, registers, grid, L2 hit rate and the three largest warp-stall reasons (cycles
+per issued instruction).
 
 How: the parent runs ``ncu --clock-control none --profile-from-start off`` with the
 sections below over ``python -m lowvm.bench.ncu_profile --child``. The child prepares
@@ -60,8 +60,11 @@ _SCALARS = {  # column in the row -> ncu metrics, the first one present wins
 }
 _COUNTS = ("registers", "grid", "block")
 _DRAM_RATE = "dram__bytes.sum.per_second"  # bytes read and written per second
-_PIPE = re.compile(r"^sm__(?:inst_executed_pipe|pipe)_(.+?)(?:_cycles_active)?"
-                   r"\.avg\.pct_of_peak_sustained_active$")
+_PIPE = re.compile(r"^sm__pipe_(\w+)_cycles_active\.avg\.pct_of_peak_sustained_active$")
+#: pipes that sum others (on the H100 "shared" and "tensor" read as tensor_op_hmma does)
+_AGGREGATE_PIPES = ("shared", "tensor")
+#: the units the parser reads these metrics in (``--print-units base``)
+_UNITS = {_DURATION: "ns", _DRAM_RATE: "byte/s"}
 _STALL = re.compile(r"^smsp__average_warps?_(?:latency_)?issue_stalled_(\w+?)"
                     r"(?:_per_issue_active)?\.ratio$")
 
@@ -89,8 +92,16 @@ def parse_raw_csv(text: str) -> list[dict[str, str]]:
     rows = list(csv.reader(io.StringIO("\n".join(lines))))
     if len(rows) < 2:
         raise ProfileError("ncu's raw page has no launches")
-    header = rows[0]
-    return [dict(zip(header, row, strict=False)) for row in rows[2:] if len(row) == len(header)]
+    header, units = rows[0], dict(zip(rows[0], rows[1], strict=False))
+    for metric, unit in _UNITS.items():
+        if metric in units and units[metric] != unit:
+            raise ProfileError(f"ncu's raw page gives {metric} in {units[metric]!r}, not "
+                               f"{unit!r}: export it with --print-units base")
+    short = [i for i, row in enumerate(rows[2:]) if len(row) != len(header)]
+    if short:
+        raise ProfileError(f"ncu's raw page: launch row {short[0]} has a different number "
+                           f"of columns than the header ({len(header)})")
+    return [dict(zip(header, row, strict=True)) for row in rows[2:]]
 
 
 def group_launches(launches: Sequence[dict[str, str]], calls: int) -> list[list[dict[str, str]]]:
@@ -124,7 +135,8 @@ def summarize_launches(group: Sequence[dict[str, str]]) -> dict[str, Any]:
     row["dram_mb"] = round(moved / 1e6, 2)
     row["dram_tbps"] = round(moved / ns / 1e3, 2) if ns else None
     pipes = {m.group(1): v for k, t in main.items()
-             if (m := _PIPE.match(k)) and (v := _number(t)) is not None}
+             if (m := _PIPE.match(k)) and m.group(1) not in _AGGREGATE_PIPES
+             and (v := _number(t)) is not None}
     if pipes:
         best = max(pipes, key=pipes.__getitem__)
         row["top_pipe"] = f"{best} {pipes[best]:.0f}%"
@@ -202,7 +214,9 @@ def _ncu() -> str:
     if found:
         return found
     for root in ("/usr/local/cuda/bin", "/opt/nvidia/nsight-compute"):
-        for path in sorted(Path(root).glob("**/ncu")) if Path(root).exists() else ():
+        # the newest Nsight Compute first (versioned folders sort by name)
+        for path in (sorted(Path(root).glob("**/ncu"), reverse=True)
+                     if Path(root).exists() else ()):
             if os.access(path, os.X_OK):
                 return str(path)
     raise ProfileError("Nsight Compute's 'ncu' is not on PATH (nor under /usr/local/cuda "

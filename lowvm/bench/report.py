@@ -256,8 +256,9 @@ def _profile_tables(doc: dict[str, Any]) -> list[str]:
                                  "registers", "grid", "largest stalls (cycles / instruction)"],
                                 body))
     lines.append("Under ncu every call starts with cold caches (it flushes them before each "
-                 "replayed pass) and runs alone, so its time is above the graph timings of "
-                 "the same cell. DRAM TB/s counts bytes read and written.")
+                 "replayed pass) and runs alone, with its launch outside a graph: its time "
+                 "is not the graph timing of the same cell. DRAM TB/s counts bytes read and "
+                 "written.")
     for s in doc.get("skipped") or []:
         lines.append(f"Not profiled: {s.get('kernel')} at {s.get('shape')} ({s.get('note')}).")
     return ["\n\n".join(lines)]

@@ -18,7 +18,7 @@ _HEADER = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes.sum.per_s
            "sm__throughput.avg.pct_of_peak_sustained_elapsed",
            "sm__warps_active.avg.pct_of_peak_sustained_active",
            "launch__registers_per_thread", "launch__grid_size",
-           "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
+           "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
            "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
            "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
            "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
@@ -93,6 +93,15 @@ def test_a_real_h100_report():
     assert lowvm["top_stalls"].startswith("long_scoreboard 8.3")
     assert rows[3]["kernel_name"].startswith("lowvm_quant_gemm_wgmma")
     assert rows[3]["top_pipe"].startswith("tensor_op")
+
+
+def test_a_report_in_other_units_or_with_a_torn_row_is_refused():
+    text = _csv([_launch(0, "spin_kernel", 1, 0), _launch(1, "k", 5, 5)])
+    with pytest.raises(prof.ProfileError, match="usecond.*--print-units base"):
+        prof.parse_raw_csv(text.replace('"ns"', '"usecond"'))
+    torn = text + '\n"2","k2","5"'
+    with pytest.raises(prof.ProfileError, match="launch row 2 has a different number"):
+        prof.parse_raw_csv(torn)
 
 
 def test_empty_report_is_refused():

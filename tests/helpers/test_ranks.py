@@ -23,6 +23,7 @@ def _raiser(rank: int, root: str) -> None:
         raise ValueError("boom")
 
 
+@pytest.mark.slow
 def test_hung_rank_fails_with_its_stack(tmp_path) -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as info:
@@ -33,6 +34,7 @@ def test_hung_rank_fails_with_its_stack(tmp_path) -> None:
     assert "_sleeper" in text  # faulthandler's dump of the hung rank
 
 
+@pytest.mark.slow
 def test_failed_rank_reports_its_log(tmp_path) -> None:
     with pytest.raises(AssertionError) as info:
         run_ranks(_raiser, 2, (str(tmp_path),), tmp_path, 60.0)
