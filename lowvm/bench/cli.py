@@ -8,7 +8,7 @@ Examples::
     python -m lowvm.bench --shape 4096,6144 --m 1,16 --dtype int4,int3 --group 64,128
     python -m lowvm.bench --list                          # the ad-hoc plan and the scenarios
     python -m lowvm.bench report                          # docs/performance.md's figures
-    python -m lowvm.bench compare fresh.json reference.json --tolerance 0.07
+    python -m lowvm.bench compare fresh.json [reference.json] --tolerance 0.07
 
 A run writes ``benchmarks/results/<date>/<scenario>/<gpu>.json`` (or ``--out``) holding
 every row and the environment, and prints a short table last; ``python -m

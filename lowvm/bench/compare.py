@@ -1,4 +1,8 @@
-"""``python -m lowvm.bench compare <fresh.json> <reference.json> [--tolerance 0.07]``.
+"""``python -m lowvm.bench compare <fresh.json> [<reference.json>] [--tolerance 0.07]``.
+
+Without a reference, the newest results file of the fresh one's scenario and GPU under
+``--root`` (``benchmarks/results/<date>/<scenario>/<gpu>.json``, the fresh file itself
+left out) is the reference: the committed figures of that GPU.
 
 A regression guard: every GEMM cell measured in both files (same scenario, kernel,
 schedule, method, K, N, M) is compared, and the command exits 1 when any is more than
@@ -12,15 +16,18 @@ re-run tells apart from a kernel that got slower.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from lowvm.bench.errors import BenchError
-from lowvm.bench.results import GEMM_KINDS, load
+from lowvm.bench.results import DEFAULT_ROOT, GEMM_KINDS, default_filename, load
 from lowvm.bench.table import format_table
 
-__all__ = ["DEFAULT_TOLERANCE", "Cell", "cell_key", "compare_docs", "main"]
+__all__ = ["DEFAULT_TOLERANCE", "Cell", "cell_key", "compare_docs", "newest_reference",
+           "main"]
 
 DEFAULT_TOLERANCE = 0.07
 
@@ -76,18 +83,40 @@ def compare_docs(fresh: dict[str, Any], reference: dict[str, Any]) -> list[Cell]
             for key in old if key in new]
 
 
+def newest_reference(fresh: dict[str, Any], fresh_path: str | os.PathLike[str],
+                     root: str | os.PathLike[str] = DEFAULT_ROOT) -> Path:
+    """The newest ``<root>/<date>/<scenario>/<gpu>.json`` of ``fresh``'s scenario and GPU
+    other than ``fresh_path`` (dates sort as text: ``YYYY-MM-DD``)."""
+    scenario, name = fresh.get("scenario"), default_filename(fresh)
+    own = Path(fresh_path).resolve()
+    found = sorted((p for p in Path(root).glob(f"*/{scenario}/{name}") if p.resolve() != own),
+                   key=lambda p: p.parent.parent.name)
+    if not found:
+        raise BenchError(f"compare: no reference for scenario {scenario!r} on "
+                         f"{fresh.get('gpu')!r} under {root} (looked for "
+                         f"<date>/{scenario}/{name}); pass the reference file")
+    return found[-1]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lowvm.bench compare",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("fresh", help="results of the run to check")
-    parser.add_argument("reference", help="results it must not be slower than")
+    parser.add_argument("reference", nargs="?",
+                        help="results it must not be slower than (default: the newest "
+                        "results file of the same scenario and GPU under --root)")
+    parser.add_argument("--root", default=str(DEFAULT_ROOT),
+                        help=f"results root searched for the reference (default {DEFAULT_ROOT})")
     parser.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                         help=f"allowed slowdown, a fraction (default {DEFAULT_TOLERANCE})")
     opts = parser.parse_args(argv)
     if not 0 <= opts.tolerance < 10:
         parser.error(f"--tolerance {opts.tolerance}: give a fraction such as 0.07")
     try:
-        fresh, reference = load(opts.fresh), load(opts.reference)
+        fresh = load(opts.fresh)
+        ref_path = opts.reference or newest_reference(fresh, opts.fresh, opts.root)
+        reference = load(ref_path)
+        print(f"reference: {ref_path}")
         if fresh.get("kind", "gemm") not in GEMM_KINDS:
             regressed = reference.get("ok") and not fresh.get("ok")
             print(f"{fresh.get('scenario')}: fresh {'passed' if fresh.get('ok') else 'failed'}"

@@ -18,6 +18,7 @@ from lowvm.bench import (
     report,
     results,
 )
+from lowvm.bench.results import load
 from lowvm.bench.scenarios import SCENARIOS, Scenario
 from lowvm.runtime.timing import summarize
 
@@ -121,6 +122,32 @@ def test_compare_labels_a_median_that_moved_while_the_fastest_runs_did_not(tmp_p
     assert "SLOWER (median; p10 +0.4%: runs spread, re-run)" in capsys.readouterr().out
     assert Cell(("k",), 55.0, 48.0, 54.0, 48.0).verdict(0.07) == "SLOWER"
     assert Cell(("k",), 50.0, 48.0, 49.0, 48.0).verdict(0.07) == ""
+
+
+def test_compare_without_a_reference_takes_the_newest_of_its_scenario_and_gpu(tmp_path,
+                                                                              capsys):
+    root = tmp_path / "results"
+    old = results.write(_doc({("lowvm_int4_g128", 1): 20.0},
+                             date="2026-11-20T10:00:00+00:00"), root)
+    new = results.write(_doc({("lowvm_int4_g128", 1): 30.0},
+                             date="2026-11-25T10:00:00+00:00"), root)
+    other = _doc({("lowvm_int4_g128", 1): 99.0}, date="2026-11-26T10:00:00+00:00")
+    other["gpu"] = "NVIDIA H200"
+    results.write(other, root)
+    prefill = _doc({("lowvm_int4_g128", 1): 99.0}, scenario="gemm-prefill",
+                   date="2026-11-26T10:00:00+00:00")
+    results.write(prefill, root)
+    fresh = results.write(_doc({("lowvm_int4_g128", 1): 31.0}), tmp_path / "fresh.json")
+    assert compare.newest_reference(load(fresh), fresh, root) == new
+    assert compare.main([str(fresh), "--root", str(root)]) == 0  # 31 against 30
+    assert f"reference: {new}" in capsys.readouterr().out
+    # the newest file itself is left out: it is compared with the one before
+    assert compare.newest_reference(load(new), new, root) == old
+    assert compare.main([str(new), "--root", str(root)]) == 1  # 30 against 20
+    with pytest.raises(BenchError, match="no reference for scenario 'gemm-decode'"):
+        compare.newest_reference(load(fresh), fresh, tmp_path / "empty")
+    assert compare.main([str(fresh), "--root", str(tmp_path / "empty")]) == 1
+    assert "pass the reference file" in capsys.readouterr().err
 
 
 def test_compare_refuses_files_with_nothing_in_common(tmp_path, capsys):
