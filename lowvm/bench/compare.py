@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from lowvm.bench.errors import BenchError
-from lowvm.bench.results import DEFAULT_ROOT, GEMM_KINDS, default_filename, load
+from lowvm.bench.results import DEFAULT_ROOT, GEMM_KINDS, load, result_path
 from lowvm.bench.table import format_table
 
 __all__ = ["DEFAULT_TOLERANCE", "Cell", "cell_key", "compare_docs", "newest_reference",
@@ -87,14 +87,14 @@ def newest_reference(fresh: dict[str, Any], fresh_path: str | os.PathLike[str],
                      root: str | os.PathLike[str] = DEFAULT_ROOT) -> Path:
     """The newest ``<root>/<date>/<scenario>/<gpu>.json`` of ``fresh``'s scenario and GPU
     other than ``fresh_path`` (dates sort as text: ``YYYY-MM-DD``)."""
-    scenario, name = fresh.get("scenario"), default_filename(fresh)
+    _, folder, name = result_path(fresh, root).relative_to(root).parts
     own = Path(fresh_path).resolve()
-    found = sorted((p for p in Path(root).glob(f"*/{scenario}/{name}") if p.resolve() != own),
+    found = sorted((p for p in Path(root).glob(f"*/{folder}/{name}") if p.resolve() != own),
                    key=lambda p: p.parent.parent.name)
     if not found:
-        raise BenchError(f"compare: no reference for scenario {scenario!r} on "
+        raise BenchError(f"compare: no reference for scenario {fresh.get('scenario')!r} on "
                          f"{fresh.get('gpu')!r} under {root} (looked for "
-                         f"<date>/{scenario}/{name}); pass the reference file")
+                         f"<date>/{folder}/{name}); pass the reference file")
     return found[-1]
 
 

@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from lowvm.bench.table import format_table as aligned_table
+
 __all__ = ["SECTIONS", "MARKER", "ncu_command", "parse_raw_csv", "group_launches",
            "summarize_launches", "format_table", "parse_args", "main"]
 
@@ -149,13 +151,10 @@ def summarize_launches(group: Sequence[dict[str, str]]) -> dict[str, Any]:
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """The rows' main columns as the harness's aligned table."""
     cols = ("shape", "m", "kernel", "time_us", "dram_pct", "dram_tbps", "sm_pct", "top_pipe",
             "occupancy_pct", "registers", "grid", "top_stalls")
-    table = [cols] + [tuple("" if r.get(c) is None else str(r.get(c)) for c in cols)
-                      for r in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(cols))]
-    return "\n".join("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True))
-                     for line in table)
+    return aligned_table(cols, ([r.get(c) for c in cols] for r in rows))
 
 
 # ------------------------------------------------------------------------------------
@@ -192,10 +191,10 @@ def _child(args: argparse.Namespace) -> int:
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, shape.k, device="cuda", generator=gen).to(torch.float16)
             for c in ready:
-                for _ in range(3):  # compile, autotune, lazy loads: outside the range
-                    c.fn(x.to(c.act_dtype))
-                torch.cuda.synchronize()
                 xin = x.to(c.act_dtype)
+                for _ in range(3):  # compile, autotune, lazy loads: outside the range
+                    c.fn(xin)
+                torch.cuda.synchronize()
                 cudart.cudaProfilerStart()
                 torch.cuda._sleep(1000)
                 c.fn(xin)

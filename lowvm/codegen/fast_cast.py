@@ -93,7 +93,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lowvm.dtypes import DType, all_dtypes, bfloat16, decode, float16, int8, round_to, uint8
+from lowvm.dtypes import (
+    DType,
+    all_dtypes,
+    bfloat16,
+    decode,
+    float8_e4m3,
+    float16,
+    int8,
+    round_to,
+    uint8,
+)
 from lowvm.instructions.values import from_codes, to_codes
 
 if TYPE_CHECKING:
@@ -684,7 +694,7 @@ def plan_hardware_cast(src: DType, dst: DType, size: int, perm: np.ndarray | Non
     ``HARDWARE_MIN_ARCH`` and later; None for every other pair (see the module
     docstring)."""
     rec = recipe(src, dst)
-    if rec is None or src.name != "float8_e4m3" or dst != float16 or size < 1:
+    if rec is None or src != float8_e4m3 or dst != float16 or size < 1:
         return None
     b = _Builder(rec, size)
     for w, j, l0, pair in _byte_pairs(b):
@@ -760,12 +770,10 @@ def _const_lanes(c: int, dst: DType) -> np.ndarray:
 def _cvt_e4m3x2(v: np.ndarray) -> np.ndarray:
     """PTX ``cvt.rn.f16x2.e4m3x2`` of the low 16 bits of ``v``: byte 0 to the low float16
     lane, byte 1 to the high one, exact; NaN codes become the canonical NaN 0x7FFF."""
-    from lowvm.dtypes import dtype as as_dtype
-
-    e4m3 = as_dtype("float8_e4m3")
     lanes = []
     for shift in (0, 8):
-        values = decode((v >> np.uint32(shift)) & np.uint32(0xFF), e4m3).astype(np.float64)
+        values = decode((v >> np.uint32(shift)) & np.uint32(0xFF), float8_e4m3)
+        values = values.astype(np.float64)
         bits = to_codes(round_to(np.nan_to_num(values), float16), float16).astype(np.uint32)
         lanes.append(np.where(np.isnan(values), np.uint32(0x7FFF), bits))
     return lanes[0] | lanes[1] << np.uint32(16)
