@@ -14,6 +14,8 @@ moves the run), and the memory side is contiguous and aligned there:
   still works.
 
 Sub-byte tiles are loaded as bytes and ``view``-ed, so they always move whole bytes.
+float32 ``atomic_add`` runs are planned as global stores are (one vector reduction per
+run, up to 16 bytes).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import math
 
 import numpy as np
 
+from lowvm.dtypes import float32
 from lowvm.expr import Const, Expr, as_expr, const_value, known_multiple
+from lowvm.instructions.atomic import AtomicAdd
 from lowvm.instructions.memory import CopyAsync, LoadGlobal, LoadShared, StoreGlobal, StoreShared
 from lowvm.instructions.plans import VectorAccess
 from lowvm.ir import GlobalTensor, Program, SharedTensor
@@ -137,7 +141,9 @@ def _vector(width: int, elem_bytes: int, conds: tuple[Expr, ...] = ()) -> Vector
 
 
 def _plan(inst: object) -> VectorAccess | None:
-    if isinstance(inst, (LoadGlobal, StoreGlobal)):
+    if isinstance(inst, AtomicAdd) and inst.dst.dtype != float32:
+        return None  # (vector reductions exist for float32: red.global.add.v2/v4.f32)
+    if isinstance(inst, (LoadGlobal, StoreGlobal, AtomicAdd)):
         tile = inst.out if isinstance(inst, LoadGlobal) else inst.src
         tensor = inst.src if isinstance(inst, LoadGlobal) else inst.dst
         eb = tensor.dtype.nbits // 8
@@ -185,7 +191,7 @@ def vectorize(program: Program) -> Program:
 
     def visit(inst):
         if inst.impl is not None or not isinstance(
-                inst, (LoadGlobal, StoreGlobal, LoadShared, StoreShared, CopyAsync)):
+                inst, (LoadGlobal, StoreGlobal, LoadShared, StoreShared, CopyAsync, AtomicAdd)):
             return inst
         plan = _plan(inst)
         return inst if plan is None else dataclasses.replace(inst, impl=plan)

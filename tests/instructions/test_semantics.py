@@ -1151,6 +1151,53 @@ def test_arrive_on_the_gpu():
 
 
 @vm.program(warps=1)
+def tile_sums(parts: vm.ptr[vm.float32], ws: vm.ptr[vm.float32], rows: vm.int32,
+              cols: vm.int32, col0: vm.int32, blocks: int = 4):
+    """Each block adds its [8, 32] tile of ``parts`` into ``ws [rows, cols]`` at
+    ``(0, col0)``: runs of 4 floats per thread (one vector reduction each on sm_90 where
+    ``cols`` and ``col0`` are multiples of 4), elements past ``rows``/``cols`` skipped."""
+    vm.set_grid(blocks)
+    lay = vm.spatial(8, 4).local(1, 8)
+    part = vm.load_global(vm.global_view(parts, [blocks * 8, 32]),
+                          [vm.block_index() * 8, 0], [8, 32], lay)
+    vm.atomic_add(vm.global_view(ws, [rows, cols]), part, [0, col0])
+
+
+def _tile_sums_want(parts, rows, cols, col0):
+    want = np.zeros((rows, cols), np.float64)
+    total = parts.reshape(-1, 8, 32).astype(np.float64).sum(axis=0)
+    r, c = min(rows, 8), max(0, min(32, cols - col0))
+    want[:r, col0:col0 + c] = total[:r, :c]
+    return want
+
+
+#: (rows, cols, col0): the vector path; a column offset and a width that are not
+#: multiples of 4 (the per-element path); rows and columns cut by the bounds
+_TILE_SUM_CASES = [(8, 64, 16), (8, 64, 18), (8, 37, 4), (5, 40, 12)]
+
+
+@pytest.mark.parametrize("rows,cols,col0", _TILE_SUM_CASES)
+def test_atomic_add_runs_sum_like_elements(rows, cols, col0):
+    parts = np.round(f32(4 * 8 * 32) * 8)  # integers: every addition order is exact
+    ws = np.zeros(rows * cols, np.float32)
+    lowvm.interpret(tile_sums, parts, ws, rows, cols, col0)
+    assert np.array_equal(ws.reshape(rows, cols), _tile_sums_want(parts, rows, cols, col0))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows,cols,col0", _TILE_SUM_CASES)
+def test_atomic_add_runs_on_the_gpu(rows, cols, col0):
+    program = lowvm.compile(tile_sums)
+    parts = np.round(f32(4 * 8 * 32) * 8)
+    ws = torch.zeros(rows * cols, dtype=torch.float32, device="cuda")
+    for launch in range(2):  # the second launch adds onto the first
+        program(torch.from_numpy(parts).cuda(), ws, rows, cols, col0)
+        torch.cuda.synchronize()
+        want = (launch + 1) * _tile_sums_want(parts, rows, cols, col0)
+        assert np.array_equal(ws.cpu().numpy().reshape(rows, cols), want)
+
+
+@vm.program(warps=1)
 def two_arrivals(c: vm.ptr[vm.int32], out: vm.ptr[vm.int32]):
     """Two arrivals in one scope (e.g. two split-K outputs of one kernel)."""
     vm.set_grid(3)

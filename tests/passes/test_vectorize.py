@@ -51,3 +51,27 @@ def test_shared_runs_respect_the_swizzle():
         assert stores[0].condition == ()  # shared memory is proven at compile time
         sx = [i for i in prog.instructions() if i.mnemonic == "store_shared"][0]
         assert shared_run(sx.dst, sx.offsets, sx.src.layout) == nbytes // 2
+
+
+def test_float32_atomic_runs_are_vector_reductions_on_sm90():
+    from lowvm.driver import generate_cuda
+    from tests.instructions.test_semantics import tile_sums
+
+    plans = _impls(tile_sums.build(), "atomic_add")
+    assert isinstance(plans[0], VectorAccess) and plans[0].nbytes == 16
+    # cols and col0 are runtime values: the vector path is guarded by them
+    assert {str(c) for c in plans[0].condition} >= {"((cols % 4) == 0)", "((col0 % 4) == 0)"}
+    src = generate_cuda(tile_sums.build()).source
+    vector = src.index("red.global.add.v4.f32")
+    assert src.rindex("#if __CUDA_ARCH__ >= 900", 0, vector) > src.index("if (((")
+    assert src.count("atomicAdd(") == 4 + 1  # sm_80's four adds per run, the generic path
+
+
+def test_int32_atomics_stay_per_element():
+    @vm.program(warps=1)
+    def counts(c: vm.ptr[vm.int32]):
+        vm.set_grid(2)
+        t = vm.register_tensor(vm.int32, [128], vm.spatial(32).local(4), init=1)
+        vm.atomic_add(vm.global_view(c, [128]), t, [0])
+
+    assert _impls(counts.build(), "atomic_add") == [None]

@@ -25,7 +25,8 @@ from lowvm.instructions.memory import CopyAsync, LoadGlobal, LoadShared, StoreGl
 from lowvm.instructions.plans import CpAsyncPlan, LdmatrixPlan, VectorAccess
 from lowvm.ir import SharedTensor
 
-__all__ = ["emit_vector_access", "emit_cp_async", "emit_ldmatrix", "related_addresses_enabled"]
+__all__ = ["emit_vector_access", "emit_cp_async", "emit_ldmatrix", "related_addresses_enabled",
+           "guarded"]
 
 _VECTOR_TYPES = {2: "unsigned short", 4: "unsigned int", 8: "uint2", 16: "uint4"}
 _VECTOR_ZEROS = {2: "(unsigned short)0", 4: "0u", 8: "make_uint2(0, 0)",
@@ -114,7 +115,7 @@ def _shared_address(cg: CudaContext, tensor: SharedTensor, offsets, rel: list[st
     return f"(lowvm_u32)__cvta_generic_to_shared(&{ref})"
 
 
-def _guarded(cg: CudaContext, inst, access: VectorAccess, body: Callable[[], None]) -> None:
+def guarded(cg: CudaContext, inst, access: VectorAccess, body: Callable[[], None]) -> None:
     """``body`` under the access's runtime condition, the generic code otherwise."""
     if not access.condition:
         body()
@@ -165,7 +166,7 @@ def emit_vector_access(inst, cg: CudaContext) -> None:
                 cg.line(f"if ({inside}) *reinterpret_cast<{vt}*>(&{ref}) = {reg};")
 
     cg.line(f"// {inst}")
-    _guarded(cg, inst, access, body)
+    guarded(cg, inst, access, body)
 
 
 def _vector_deltas(lay, width: int, kind: str) -> list[list[int]] | None:
@@ -236,7 +237,7 @@ def emit_cp_async(inst: CopyAsync, cg: CudaContext) -> None:
     that holds for every thread (:func:`_cp_async_related`), else one by one."""
     plan = inst.impl
     cg.line(f"// {inst}")
-    _guarded(cg, inst, plan.access,
+    guarded(cg, inst, plan.access,
              lambda: _cp_async_related(inst, plan, cg) or _cp_async_each(inst, plan, cg))
 
 
