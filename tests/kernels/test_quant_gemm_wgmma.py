@@ -220,8 +220,9 @@ def test_library_dispatch_rule():
 @pytest.mark.gpu
 @pytest.mark.parametrize("m,dtype,n,k", [
     (17, "float16", 384, 1024), (32, "bfloat16", 384, 1024), (300, "float16", 384, 1024),
-    # decode sizes on a weight with K and N >= 8192 (WGMMA_DECODE_MIN_M/_DIM)
-    (9, "float16", 8192, 8192), (16, "bfloat16", 8192, 8192)])
+    # decode sizes on a weight with K and N >= 8192 and K >= 16384
+    # (wgmma_decode_min_m, _dim and _k)
+    (9, "float16", 8192, 16384), (16, "bfloat16", 8192, 16384)])
 def test_quant_linear_runs_wgmma_on_sm90(m, dtype, n, k):
     """Where runs_wgmma says so on sm_90, quant_linear runs the wgmma plan; results match
     float64."""
