@@ -18,6 +18,10 @@ M = 1, 16, 256 by default):
   path torch.compile and graph capture take), for comparison.
 * ``kernel_us``: the kernel's own time per call, the same calls captured in one CUDA
   graph and replayed (:func:`lowvm.runtime.timing.time_graph`).
+* ``launch_us`` and ``alloc_us``: what an eager call cannot go below, timed the same way:
+  the layer's prepared kernel launch alone (its bound ``cuLaunchKernel``, fixed buffers)
+  and allocating the output ``y`` alone (``x.new_empty``). ``host_us`` minus both is the
+  Python of the call.
 
 It prints a table and writes ``{"rows": [...], "ok": bool}`` (``ok``: every ``host_us``
 within ``--limit-us``). The table, rows and chunked timing loop are plain Python, tested
@@ -63,12 +67,17 @@ def host_time_us(call: Callable[[], Any], calls: int, chunk: int, sync: Callable
 
 
 def make_row(m: int, host_us: float, op_host_us: float, kernel_us: float, calls: int,
-             chunk: int, kernel: str | None = None, limit_us: float = LIMIT_US
+             chunk: int, kernel: str | None = None, limit_us: float = LIMIT_US,
+             launch_us: float | None = None, alloc_us: float | None = None
              ) -> dict[str, Any]:
     """One result row; ``host_ok`` when the eager host time is within ``limit_us``."""
+    def rounded(us):
+        return None if us is None else round(us, 3)
+
     return {"m": m, "host_us": round(host_us, 3), "op_host_us": round(op_host_us, 3),
             "kernel_us": round(kernel_us, 3), "host_ok": host_us <= limit_us,
-            "calls": calls, "chunk": chunk, "kernel": kernel}
+            "calls": calls, "chunk": chunk, "kernel": kernel,
+            "launch_us": rounded(launch_us), "alloc_us": rounded(alloc_us)}
 
 
 def summarize(rows: Sequence[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -80,9 +89,14 @@ def summarize(rows: Sequence[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 def format_table(rows: Sequence[dict[str, Any]], limit_us: float = LIMIT_US) -> str:
     """The rows as an aligned text table."""
     head = ("M", "host us", "op host us", "kernel us (graph)", f"host <= {limit_us:g} us",
-            "kernel")
+            "kernel", "launch us", "alloc us")
+
+    def us(value):
+        return "-" if value is None else f"{value:.2f}"
+
     body = [(str(r["m"]), f"{r['host_us']:.2f}", f"{r['op_host_us']:.2f}",
-             f"{r['kernel_us']:.2f}", "yes" if r["host_ok"] else "NO", r.get("kernel") or "-")
+             f"{r['kernel_us']:.2f}", "yes" if r["host_ok"] else "NO", r.get("kernel") or "-",
+             us(r.get("launch_us")), us(r.get("alloc_us")))
             for r in rows]
     widths = [max(len(line[i]) for line in (head, *body)) for i in range(len(head))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(line, widths))
@@ -148,11 +162,16 @@ def _layers(copies: int) -> list[Any]:
     return layers
 
 
-def _kernel_name(layer: Any) -> str | None:
-    """The GEMM program the layer's last prepared eager launch runs, where there is one."""
+def _prepared(layer: Any) -> Any:
+    """The layer's last prepared eager launch (a ``GemmLaunch``), or None."""
     launches = getattr(layer, "__dict__", {}).get("_eager_launches")
     prepared = list(getattr(launches, "_launches", {}).values())
-    return getattr(prepared[-1], "kernel", None) if prepared else None
+    return prepared[-1] if prepared else None
+
+
+def _kernel_name(layer: Any) -> str | None:
+    """The GEMM program the layer's last prepared eager launch runs, where there is one."""
+    return getattr(_prepared(layer), "kernel", None)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,8 +211,14 @@ def _row(layers: list[Any], m: int, args: argparse.Namespace) -> dict[str, Any]:
     host = host_time_us(eager, args.calls, args.chunk, sync)
     op_host = host_time_us(custom_op, args.calls, args.chunk, sync)
     graph = time_graph([lambda layer=layer: layer(x) for layer in layers])
+    # the floors: each layer's bound launch with one fixed y, and the allocation alone
+    y = x.new_empty((m, SHAPE[1]))
+    bound = itertools.cycle([_prepared(layer).gemm for layer in layers]).__next__
+    ptr, out = x.data_ptr(), y.data_ptr()
+    launch = host_time_us(lambda: bound()(ptr, out), args.calls, args.chunk, sync)
+    alloc = host_time_us(lambda: x.new_empty((m, SHAPE[1])), args.calls, args.chunk, sync)
     return make_row(m, host, op_host, graph.median_us, args.calls, args.chunk,
-                    _kernel_name(layers[0]), args.limit_us)
+                    _kernel_name(layers[0]), args.limit_us, launch, alloc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -330,8 +330,9 @@ class GemmLaunch:
         gemm, finish, args = _gemm_call(x, weight, schedule, _planner(x, weight, schedule))
         m, n, _, _, _, _, _, y, ws, _ = args
         names = [p.name for p in gemm.kernel.params]
-        self._gemm = gemm.kernel.bind(gemm.grid(args), args,
-                                      (names.index("x"), names.index("y")), device, stream)
+        #: the GEMM's :class:`~lowvm.runtime.launch.BoundLaunch` (free pointers x, y)
+        self.gemm = gemm.kernel.bind(gemm.grid(args), args,
+                                     (names.index("x"), names.index("y")), device, stream)
         self._finish = None
         if finish is not None:
             fargs = (m * n, ws, y)
@@ -363,7 +364,7 @@ class GemmLaunch:
             self._fresh = overlap = False
         else:
             overlap = self._waits and overlap_enabled()  # only kernels that wait may overlap
-        self._gemm(ptr, out, overlap=overlap)
+        self.gemm(ptr, out, overlap=overlap)
         if self._finish is not None:
             self._finish(out)
         return y

@@ -33,13 +33,14 @@ class ScheduleThresholds:
     """The hand-tuned thresholds of the built-in schedule choice, each fitted to H100
     sweeps of the Llama shapes (``python -m lowvm.bench schedules`` re-measures them).
 
-    The current evidence for the decode choices (M = 1, 4, 16; int4 and int3; each chosen
-    schedule against its ten nearest neighbours in the library space, in CUDA graphs) is
-    ``benchmarks/results/2026-11-27/schedules/nvidia-h100-80gb-hbm3.json``: the chosen
-    schedule is within 3 % of the best neighbour in 20 of 30 cases and within 10 % in 28;
-    the exceptions were int4 8192 x 10240 at M = 4 and 16 (27.6 vs 22.4 us and 34.0 vs
-    26.9 us with a shallower weight prefetch), which set the prefetch depth of streamed
-    decode schedules (at most one prefetched step per 8 K steps). The prefill
+    The current evidence for the decode choices at M = 4, 8 and 16 (int4; each chosen
+    schedule against its 16 nearest neighbours in the library space, in CUDA graphs, with
+    split-K sums added by vector reductions) is
+    ``benchmarks/results/2026-11-27/schedules/nvidia-h100-80gb-hbm3.json``. It moved two
+    rules: streamed x is pipelined two stages deep where it was copied and waited for
+    every iteration (8192 x 10240 M = 16: 27.8 -> 27.1 us; 4096 x 28672 M = 4: 28.8 ->
+    27.5), and 2 <= M <= 8 no longer hold 16 rows of x whole (4096 x 6144 M = 8: 10.6 ->
+    9.7 us, streamed). The prefill
     thresholds' figures are re-measured by ``python -m lowvm.bench gemm-prefill``
     (``benchmarks/results/2026-11-27/gemm-prefill/``)."""
 
@@ -143,14 +144,16 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
                     x_whole: bool = True) -> GemmSchedule:
     """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill.
 
-    Decode (M <= 16) holds x for the block's whole K range in shared memory when it fits
-    ``X_WHOLE_BYTES`` (``x_whole``; one row at M = 1, ``x_rows=1``): the main loop then
+    Decode at M = 1, and at 8 < M <= 16, holds x for the block's whole K range in shared
+    memory when it fits ``X_WHOLE_BYTES`` (``x_whole``; one row at M = 1, ``x_rows=1``;
+    2 <= M <= 8 stream x, which measured faster there): the main loop then
     has no x copy and no barrier (sm_90 SASS of the loop: 222 -> 136 instructions per warp
     and K step on split-8 shapes, 169 -> 131 on 4096 x 28672), with the weight prefetch
     depth of :func:`_x_whole_prefetch`. In CUDA graphs on the H100 at M = 1 this measured
     0 to 23 % faster than streaming x (8192 x 10240: 27.5 -> 21.2 us). ``x_whole=False``
     gives the schedules that stream x through shared memory every step or every
-    ``prefetch`` steps (kept for comparison and for K ranges that do not fit). At M = 1
+    ``prefetch`` steps (for K ranges that do not fit, and from M = 2 pipelined two stages
+    deep where the split is under 8). At M = 1
     the step runs with the weights as the MMA's A operand (``swap_ab``): half the MMAs;
     in graphs int4 26.1 -> 24.2 us on 4096 x 28672, 15.8 -> 14.8 on 14336 x 4096, int3
     27.4 -> 21.6 and 15.5 -> 13.2 (the split and prefetch rules stayed best for it). At
@@ -203,23 +206,33 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # (`python -m lowvm.bench schedules`)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=4, stages=None, prefetch=2)
-    if m <= 16 and x_whole:
-        rows = 1 if m == 1 else bm
-        kb = k // split
-        if rows * kb * 2 <= X_WHOLE_BYTES:
-            return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                                warps_n=WEIGHT_WARPS_N, split=split, stages=None,
-                                prefetch=_x_whole_prefetch(steps // split, blocks * split,
-                                                           num_sms),
-                                x_whole=kb, x_rows=1 if rows == 1 else 0,
-                                swap_ab=rows == 1)
+    kb = k // split  # a block's K range
+    if m == 1 and x_whole and kb * 2 <= X_WHOLE_BYTES:
+        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
+                            warps_n=WEIGHT_WARPS_N, split=split, stages=None,
+                            prefetch=_x_whole_prefetch(steps // split, blocks * split,
+                                                       num_sms),
+                            x_whole=kb, x_rows=1, swap_ab=True)
+    if 1 < m <= 16 and x_whole and bm * kb * 2 <= X_WHOLE_BYTES:
+        # up to M = 8 the 16 rows held whole (those past M zero-filled) cost each block
+        # their copy before its first MMA: x streamed per step measured faster at M = 4
+        # and 8, 4096 x 6144 in graphs 9.7 -> 9.3 and 10.6 -> 9.7 us (`python -m
+        # lowvm.bench schedules`)
+        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
+                            warps_n=WEIGHT_WARPS_N, split=split, stages=None,
+                            prefetch=_x_whole_prefetch(steps // split, blocks * split,
+                                                       num_sms),
+                            x_whole=kb if m > 8 else 0)
     if m <= 16 and split < 8:
         # weights prefetched up to 4 steps ahead, keeping >= 8 K steps per prefetched one:
         # 8192 x 10240 (16 steps per block at split 4) measured 27.6 us at prefetch 4 and
-        # 22.4 at prefetch 2 (M = 4), 34.0 against 26.9 at prefetch 1 (M = 16), in graphs
-        # (`python -m lowvm.bench schedules`)
+        # 22.4 at prefetch 2 (M = 4), 34.0 against 26.9 at prefetch 1 (M = 16), in graphs;
+        # x (prefetch steps per copy) pipelined 2 deep from M = 2 instead of copied and
+        # waited for: 8192 x 10240 M = 4 / 16 22.0 -> 21.5 / 27.8 -> 27.1 us, 4096 x 28672
+        # (unsplit, prefetch 4) 28.8 -> 27.5 / 29.0 -> 28.5 (`python -m lowvm.bench
+        # schedules`)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=split, stages=None,
+                            warps_n=WEIGHT_WARPS_N, split=split, stages=2 if m > 1 else None,
                             prefetch=_prefetch_depth(steps // split))
     if m <= 16 and 8 <= steps // split < 24 and (steps // split) % 2 == 0:
         # split-8 grids with 8..23 K steps per block: two steps of weights in flight and x

@@ -198,8 +198,11 @@ def test_choose_schedule_holds_x_whole_where_it_fits():
     assert (one.x_whole, one.x_rows, one.rows, one.stages) == (4096, 1, 1, None)
     down = choose_schedule(1, 4096, 14336, 128)
     assert down.x_rows == 1 and down.x_whole == 14336 // down.split
-    qkv = choose_schedule(8, 6144, 4096, 128)  # 16 rows x 512 columns: 16 KB
-    assert qkv.x_whole == 4096 // qkv.split and qkv.x_rows == 0 and qkv.rows == 16
+    # 16 rows x 512 columns (16 KB) held from M = 9; M = 2..8 stream x (measured faster)
+    held = choose_schedule(16, 1024, 4096, 128)
+    assert held.x_whole == 4096 // held.split and held.x_rows == 0 and held.rows == 16
+    qkv = choose_schedule(8, 6144, 4096, 128)
+    assert (qkv.x_whole, qkv.split, qkv.stages) == (0, 8, None)
     assert choose_schedule(16, 28672, 4096, 128).x_whole == 0  # 16 x 4096 x 2 B: too big
     assert choose_schedule(1, 28672, 4096, 128, x_whole=False).x_whole == 0
     assert choose_schedule(64, 6144, 4096, 128).x_whole == 0
@@ -217,10 +220,20 @@ def test_choose_schedule_streams_x_at_split_4_for_9_to_16_rows():
         for n in (6144, 4096):
             s = choose_schedule(m, n, 4096, 128)
             assert (s.split, s.prefetch, s.stages, s.x_whole) == (4, 2, None, 0), (m, n, s)
-    assert choose_schedule(8, 6144, 4096, 128).x_whole == 512
+    assert choose_schedule(8, 6144, 4096, 128).split == 8
     assert choose_schedule(16, 1024, 4096, 128).x_whole == 512  # 64 blocks at split 4
     assert choose_schedule(16, 28672, 4096, 128).split == 1
     assert choose_schedule(16, 4096, 14336, 128).split == 8
+
+
+def test_choose_schedule_pipelines_streamed_x_from_two_rows():
+    """Decode grids under split 8 that stream x pipeline it two stages deep from M = 2
+    (measured faster than a copy waited for every iteration); M = 1 streaming x (where
+    x_whole is off) keeps the waited copy."""
+    for m in (2, 4, 16):
+        assert choose_schedule(m, 10240, 8192, 128).stages == 2
+        assert choose_schedule(m, 28672, 4096, 128).stages == 2
+    assert choose_schedule(1, 10240, 8192, 128, x_whole=False).stages is None
 
 
 def test_choose_schedule_converts_each_weight_once_up_to_64_rows():

@@ -47,7 +47,8 @@ def test_host_time_refuses_empty_loops():
 
 
 def test_rows_ok_and_table():
-    rows = [ho.make_row(1, 11.234, 75.0, 9.1, 1000, 200, "lowvm_quant_gemm_x"),
+    rows = [ho.make_row(1, 11.234, 75.0, 9.1, 1000, 200, "lowvm_quant_gemm_x",
+                        launch_us=4.25, alloc_us=3.5),
             ho.make_row(256, 20.0, 80.0, 48.0, 1000, 200),
             ho.make_row(16, 20.5, 90.0, 12.0, 1000, 200, limit_us=25.0)]
     assert [r["host_ok"] for r in rows] == [True, True, True]
@@ -60,7 +61,8 @@ def test_rows_ok_and_table():
     table = ho.format_table([rows[0], late]).splitlines()
     assert len(table) == 3 and "host <= 20 us" in table[0]
     assert table[1].split()[:5] == ["1", "11.23", "75.00", "9.10", "yes"]
-    assert table[2].split()[4] == "NO"
+    assert table[1].split()[5:] == ["lowvm_quant_gemm_x", "4.25", "3.50"]
+    assert table[2].split()[4] == "NO" and table[2].split()[6:] == ["-", "-"]
     assert len({len(line) for line in table}) == 1  # aligned
 
 
@@ -91,3 +93,5 @@ def test_gpu_short_run_writes_the_document(tmp_path):
     for row in doc["rows"]:
         assert 0 < row["host_us"] < row["op_host_us"]  # the eager path beats the custom op
         assert row["kernel_us"] > 0 and row["kernel"]
+        # the call's floors are parts of it
+        assert 0 < row["launch_us"] + row["alloc_us"] < row["host_us"]
