@@ -543,7 +543,11 @@ def test_gpu_graph_capture_after_eager_calls():
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, layer(x)) and not torch.equal(out, eager)
+    # split-K parts are added in whatever order the blocks finish: equal up to the
+    # rounding of that order (an ulp of float16), not bit for bit
+    again = layer(x)
+    torch.testing.assert_close(out, again, rtol=2e-3, atol=2e-3)
+    assert not torch.allclose(out, eager, rtol=2e-3, atol=2e-3)
 
 
 # -- host time of each stage, in the CPU stand-in ------------------------------------

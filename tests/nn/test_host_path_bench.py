@@ -93,5 +93,7 @@ def test_gpu_short_run_writes_the_document(tmp_path):
     for row in doc["rows"]:
         assert 0 < row["host_us"] < row["op_host_us"]  # the eager path beats the custom op
         assert row["kernel_us"] > 0 and row["kernel"]
-        # the call's floors are parts of it
-        assert 0 < row["launch_us"] + row["alloc_us"] < row["host_us"]
+        # the floors are measured (loops of their own, so only bounded loosely here: other
+        # work on the machine moves short loops)
+        for floor in ("launch_us", "alloc_us"):
+            assert 0 < row[floor] < row["op_host_us"]
