@@ -20,7 +20,10 @@ Why it is shaped this way (sm_90a):
   weights and scales are prefetched ``prefetch`` K steps ahead in round-robin registers.
 - Each step's multiplies complete before the next step's conversion: a form that
   converted while they ran (``dot_shared(wait=False)`` + ``dot_wait``) measured 7-13 %
-  faster at 256-row x tiles but gave wrong sums on the H100.
+  faster at 256-row x tiles but gave wrong sums on the H100. Not the x ring: its
+  ``dot_wait`` came before the wait and barrier after which the pipelined loop refills
+  the stage the multiplies read. What is left is register-level: the 64-128 accumulator
+  registers of an n = 128/256 wgmma between its issue and the wait.
 
 Shapes: ``k`` a multiple of ``bk * split * prefetch``, ``bk`` 64 or 128 (the format's K
 tile: ``group`` >= 64), ``n`` of ``bn``; ``m`` is anything (rows are masked).
