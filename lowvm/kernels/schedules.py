@@ -206,23 +206,19 @@ def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFA
         # (`python -m lowvm.bench schedules`)
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=4, stages=None, prefetch=2)
-    kb = k // split  # a block's K range
-    if m == 1 and x_whole and kb * 2 <= X_WHOLE_BYTES:
-        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=split, stages=None,
-                            prefetch=_x_whole_prefetch(steps // split, blocks * split,
-                                                       num_sms),
-                            x_whole=kb, x_rows=1, swap_ab=True)
-    if 1 < m <= 16 and x_whole and bm * kb * 2 <= X_WHOLE_BYTES:
-        # up to M = 8 the 16 rows held whole (those past M zero-filled) cost each block
-        # their copy before its first MMA: x streamed per step measured faster at M = 4
-        # and 8, 4096 x 6144 in graphs 9.7 -> 9.3 and 10.6 -> 9.7 us (`python -m
+    kb, rows = k // split, 1 if m == 1 else bm  # a block's K range, the rows of x it holds
+    if m <= 16 and x_whole and rows * kb * 2 <= X_WHOLE_BYTES:
+        # from M = 2 up to M = 8 the 16 rows held whole (those past M zero-filled) cost each
+        # block their copy before its first MMA: x streamed per step measured faster at
+        # M = 4 and 8, 4096 x 6144 in graphs 9.7 -> 9.3 and 10.6 -> 9.7 us (`python -m
         # lowvm.bench schedules`)
+        held = m == 1 or m > 8
         return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
                             warps_n=WEIGHT_WARPS_N, split=split, stages=None,
                             prefetch=_x_whole_prefetch(steps // split, blocks * split,
                                                        num_sms),
-                            x_whole=kb if m > 8 else 0)
+                            x_whole=kb if held else 0, x_rows=1 if rows == 1 else 0,
+                            swap_ab=rows == 1)
     if m <= 16 and split < 8:
         # weights prefetched up to 4 steps ahead, keeping >= 8 K steps per prefetched one:
         # 8192 x 10240 (16 steps per block at split 4) measured 27.6 us at prefetch 4 and
