@@ -12,7 +12,7 @@ from lowvm.errors import DTypeError, LayoutError, LowvmError
 from lowvm.interpreter import InterpretError, interpret
 from lowvm.ir import ProgramError
 from lowvm.kernels.schedule_source import set_schedule_source as _set_schedule_source
-from lowvm.nn.hf_hook import install as _install_hf_hook
+from lowvm.nn.hf.hook import install as _install_hf_hook
 from lowvm.version import __version__ as __version__
 
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
@@ -35,8 +35,8 @@ _KERNEL_NAMES = ("overlapped_launches",)
 
 def __getattr__(name: str) -> object:
     """The quantized layers load on first use: ``import lowvm`` stays free of torch."""
-    if name == "tensor_parallel":  # lowvm.nn.tensor_parallel is the module of that name
-        from lowvm.nn.tensor_parallel import tensor_parallel
+    if name == "tensor_parallel":  # the whole-model function, not a name lowvm.nn exports
+        from lowvm.nn.serve.tensor_parallel import tensor_parallel
 
         return tensor_parallel
     if name in _NN_NAMES:

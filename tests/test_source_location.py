@@ -18,7 +18,7 @@ from lowvm import source_location
 from lowvm.ir import ProgramError
 from lowvm.kernels import dispatch
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.nn import backend
+from lowvm.nn.layer import backend
 from tests.helpers.marks import marked_line
 
 HERE = os.path.basename(__file__)

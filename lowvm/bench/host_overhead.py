@@ -148,7 +148,7 @@ def _layers(copies: int) -> list[Any]:
     """``copies`` 4096 x 4096 int4 g128 layers of random codes and scales on CUDA."""
     import torch
 
-    from lowvm.nn.quant_linear import QuantLinear
+    from lowvm.nn.layer.quant_linear import QuantLinear
 
     k, n, wtype, group = SHAPE
     layers = []

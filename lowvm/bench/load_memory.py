@@ -120,7 +120,7 @@ def measure_load(path: str, warmup: str, quantize: bool, device: str) -> dict[st
     import torch
     from transformers import AutoModelForCausalLM
 
-    from lowvm.nn.hf_quantizer import LowvmConfig  # registers the "lowvm" method
+    from lowvm.nn.hf.quantizer import LowvmConfig  # registers the "lowvm" method
 
     kwargs: dict[str, Any] = {"dtype": torch.float16}
     if quantize:

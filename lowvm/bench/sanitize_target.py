@@ -77,7 +77,7 @@ def sweep(k: int = 512, n: int = 256) -> tuple[int, list[str]]:
     refusals as text)."""
     from lowvm.bench.scenarios import weight_type_names
     from lowvm.errors import LowvmError
-    from lowvm.nn.quant_linear import QuantLinear
+    from lowvm.nn.layer.quant_linear import QuantLinear
 
     launches, refused = 0, []
     torch.manual_seed(0)

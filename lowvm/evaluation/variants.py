@@ -18,8 +18,8 @@ import torch
 
 from lowvm.errors import LowvmError
 from lowvm.evaluation.errors import EvaluationError
-from lowvm.nn.model import QuantReport, quantize_model
-from lowvm.nn.spec import weight_type
+from lowvm.nn.layer.spec import weight_type
+from lowvm.nn.quantize.model import QuantReport, quantize_model
 
 __all__ = ["METHODS", "DEFAULT_VARIANTS", "Variant", "parse_variant", "parse_variants",
            "quantize_variant", "bits_per_weight", "type_mix"]

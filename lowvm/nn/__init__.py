@@ -7,7 +7,7 @@ checkpoint, GPTQ/AWQ/compressed-tensors included, onto lowvm layers),
 ``fuse_projections`` (q/k/v and gate/up in one GEMM each, for serving),
 ``use_decode_attention`` (decode steps' attention on a VM program) and
 ``shard_quant_linear`` (one rank's tensor-parallel shard of a layer; the whole-model
-``tensor_parallel`` function is ``lowvm.nn.tensor_parallel.tensor_parallel``, also
+``tensor_parallel`` function is ``lowvm.nn.serve.tensor_parallel.tensor_parallel``, also
 ``lowvm.tensor_parallel``).
 Names load lazily so that ``import lowvm`` does not pay for torch or transformers.
 """
@@ -27,24 +27,25 @@ __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_
            "shard_quant_linear", "TensorParallelError"]
 
 _WHERE = {
-    "QuantLinear": "lowvm.nn.quant_linear",
-    "quantize_model": "lowvm.nn.model",
-    "QuantReport": "lowvm.nn.model",
-    "LowvmConfig": "lowvm.nn.hf_quantizer",
-    "from_gptq": "lowvm.nn.checkpoint_import",
-    "from_awq": "lowvm.nn.checkpoint_import",
-    "from_compressed_tensors": "lowvm.nn.checkpoint_import",
-    "from_pretrained": "lowvm.nn.loading",
-    "dequantize_model": "lowvm.nn.dequantize",
+    "QuantLinear": "lowvm.nn.layer.quant_linear",
+    "quantize_model": "lowvm.nn.quantize.model",
+    "QuantReport": "lowvm.nn.quantize.model",
+    "LowvmConfig": "lowvm.nn.hf.quantizer",
+    "from_gptq": "lowvm.nn.hf.checkpoint_import",
+    "from_awq": "lowvm.nn.hf.checkpoint_import",
+    "from_compressed_tensors": "lowvm.nn.hf.checkpoint_import",
+    "from_pretrained": "lowvm.nn.hf.loading",
+    "dequantize_model": "lowvm.nn.layer.dequantize",
     "QuantizationError": "lowvm.nn.errors",
     "ActivationError": "lowvm.nn.errors",
     "CheckpointImportError": "lowvm.nn.errors",
     "WeightFormatError": "lowvm.nn.errors",
-    "LowvmFallbackWarning": "lowvm.nn.backend",
+    "LowvmFallbackWarning": "lowvm.nn.layer.backend",
     **dict.fromkeys(("fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
-                     "concat_out_features"), "lowvm.nn.fuse"),
-    **dict.fromkeys(("use_decode_attention", "AttentionError"), "lowvm.nn.attention"),
-    **dict.fromkeys(("shard_quant_linear", "TensorParallelError"), "lowvm.nn.tensor_parallel"),
+                     "concat_out_features"), "lowvm.nn.serve.fuse"),
+    **dict.fromkeys(("use_decode_attention", "AttentionError"), "lowvm.nn.serve.attention"),
+    **dict.fromkeys(("shard_quant_linear", "TensorParallelError"),
+                    "lowvm.nn.serve.tensor_parallel"),
 }
 
 
@@ -54,7 +55,7 @@ def __getattr__(name: str) -> Any:
             module = importlib.import_module(_WHERE[name])
         except ModuleNotFoundError as exc:  # torch or transformers not installed
             reraise_missing(exc, f"lowvm.nn.{name}",
-                            "hf" if _WHERE[name] == "lowvm.nn.hf_quantizer" else None)
+                            "hf" if _WHERE[name] == "lowvm.nn.hf.quantizer" else None)
             raise
         return getattr(module, name)
     raise AttributeError(f"module 'lowvm.nn' has no attribute {name!r}")

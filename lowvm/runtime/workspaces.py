@@ -157,5 +157,5 @@ def overlapped_launches(enabled: bool = True) -> Iterator[None]:
 
 def overlap_enabled() -> bool:
     """Whether this thread is inside :func:`overlapped_launches` (for other kernels that
-    wait for the previous one themselves, e.g. :mod:`lowvm.nn.attention`'s)."""
+    wait for the previous one themselves, e.g. :mod:`lowvm.nn.serve.attention`'s)."""
     return bool(getattr(_OVERLAP, "on", False))

@@ -71,8 +71,8 @@ import torch
 
 from lowvm.dtypes import dtype as lowvm_dtype
 from lowvm.errors import LowvmError
-from lowvm.nn.attention import use_decode_attention
-from lowvm.nn.backend import LowvmFallbackWarning
+from lowvm.nn.layer.backend import LowvmFallbackWarning
+from lowvm.nn.serve.attention import use_decode_attention
 from lowvm.serving.clock import timed
 from lowvm.serving.compare import Run, add_quantized, fuse_float16, model_name, speed_rows
 from lowvm.serving.generation import prompts, sample_tokens

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from lowvm.nn.attention import use_decode_attention
-from lowvm.nn.fuse import fuse_projections
+from lowvm.nn.serve.attention import use_decode_attention
+from lowvm.nn.serve.fuse import fuse_projections
 from lowvm.serving.clock import timed
 from lowvm.serving.generation import leading_equal, prompts, sample_tokens
 from lowvm.serving.measure import Settings, loop_compile_mode, measure, release

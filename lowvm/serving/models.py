@@ -10,8 +10,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from lowvm.dtypes import dtype as lowvm_dtype
-from lowvm.nn.model import quantize_model
-from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.layer.quant_linear import QuantLinear
+from lowvm.nn.quantize.model import quantize_model
 from lowvm.serving.errors import ServingError
 
 __all__ = ["PRESETS", "SHAPE_FIELDS", "random_config", "init_random", "load_pretrained",

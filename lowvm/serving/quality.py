@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.layer.quant_linear import QuantLinear
 
 __all__ = ["logit_errors", "layer_errors"]
 

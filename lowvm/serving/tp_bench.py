@@ -10,7 +10,7 @@ on the ``meta`` device, each planned projection is replaced by this rank's shard
 ``QuantLinear`` of the shard's shape, or a float16 ``nn.Linear``), and only then is memory
 allocated, on the rank's GPU; random codes and scales are written with ``set_codes``.
 Each rank draws its own shards (weights are random: only shapes matter for speed). The
-split is Megatron's, as :mod:`lowvm.nn.tensor_parallel` makes it: q/k/v and gate/up
+split is Megatron's, as :mod:`lowvm.nn.serve.tensor_parallel` makes it: q/k/v and gate/up
 colwise, o and down rowwise with an all-reduce of their outputs, ``lm_head`` colwise
 with its outputs gathered; embeddings and norms are replicated. A float16 run is skipped
 (its row says why) where the rank's shards would not fit the GPU's free memory. With
@@ -54,9 +54,9 @@ import torch.distributed as dist
 from torch import nn
 
 from lowvm.dtypes import dtype as lowvm_dtype
-from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.layer.quant_linear import QuantLinear
+from lowvm.nn.serve.tensor_parallel import AllReduceOutput, GatherOutput, communication_hook
 from lowvm.nn.swap import set_module
-from lowvm.nn.tensor_parallel import AllReduceOutput, GatherOutput, communication_hook
 from lowvm.serving.decode_loop import DecodeLoop
 from lowvm.serving.errors import ServingError
 from lowvm.serving.models import random_config
@@ -369,12 +369,12 @@ def _run_dtype(wtype: str, config: Any, args: argparse.Namespace, device: torch.
                              "mem_gib_per_gpu": mem, "fused": False, "attention": "sdpa"}
     if args.fuse:  # float16 too: the shards of q/k/v (gate/up) are all colwise, so the
         # concatenation of one rank's is that rank's heads' q, k, v (its gate and up columns)
-        from lowvm.nn.fuse import fuse_projections
+        from lowvm.nn.serve.fuse import fuse_projections
 
         extra["fused"] = fuse_projections(model).attention_fused > 0
     if wtype != "float16":
         if args.attention == "lowvm":
-            from lowvm.nn.attention import use_decode_attention
+            from lowvm.nn.serve.attention import use_decode_attention
 
             use_decode_attention(model)
             extra["attention"] = "lowvm"

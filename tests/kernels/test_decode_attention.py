@@ -16,7 +16,7 @@ from lowvm.kernels.decode_attention import (
     decode_attention_rope,
     decode_attention_rope_bf16,
 )
-from lowvm.nn import attention as attn
+from lowvm.nn.serve import attention as attn
 from tests.helpers.greedy import assert_same_greedy_up_to_ties
 
 

@@ -1,5 +1,5 @@
 """Issue 5's correctness matrix on the GPU: every 1..8-bit weight type (int1 excepted: the
-library refuses it, see lowvm.nn.spec) x groups 32 / 64 / 128 / per-channel x float16
+library refuses it, see lowvm.nn.layer.spec) x groups 32 / 64 / 128 / per-channel x float16
 (where the type fits it) and bfloat16 activations, at an odd decode M (7) for every group
 and an odd M > 16 (37, the bm = 64 path) at group 128, plus zero points for the unsigned
 types; each output against a float64 reference of the dequantised weight.

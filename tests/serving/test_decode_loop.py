@@ -17,7 +17,7 @@ from lowvm.serving.measure import LOOP_ATTR, loop_compile_mode, loop_compile_mod
 from lowvm.serving.models import init_random, quantized_copy, random_config
 from tests.helpers.serving import run_serving
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.layer.backend.LowvmFallbackWarning")
 
 @pytest.fixture(scope="module")
 def models() -> dict:

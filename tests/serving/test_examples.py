@@ -18,7 +18,7 @@ from lowvm.serving.quality import layer_errors
 from serving_examples import custom_program
 from tests.helpers.serving import run_serving
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.layer.backend.LowvmFallbackWarning")
 
 
 @pytest.mark.slow

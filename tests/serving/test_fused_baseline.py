@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from lowvm.nn.fuse import FusedGateUpMLP, fuse_projections
+from lowvm.nn.serve.fuse import FusedGateUpMLP, fuse_projections
 from lowvm.serving import cli as serving_cli
 from lowvm.serving import tp_bench
 from tests.helpers.ranks import free_port, rank_log, run_ranks
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.layer.backend.LowvmFallbackWarning")
 
 SERVING = ["--dtype", "int4", "--group-size", "64", "--new-tokens", "3", "--batch-sizes", "1",
            "--prompt-len", "6", "--repeats", "1", "--modes", "eager", "--forward-steps", "0",

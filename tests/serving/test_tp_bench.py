@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from lowvm.errors import DTypeError
-from lowvm.nn.quant_linear import QuantLinear
+from lowvm.nn.layer.quant_linear import QuantLinear
 from lowvm.serving import tp_bench
 from tests.helpers.ranks import free_port, rank_log, run_ranks
 
-pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.backend.LowvmFallbackWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::lowvm.nn.layer.backend.LowvmFallbackWarning")
 
 
 def test_shard_shape() -> None:

@@ -1,0 +1,2 @@
+"""Serving a quantized model: fused projections, decode attention on a VM program and
+tensor-parallel shards."""
