@@ -203,7 +203,7 @@ class LowvmHfQuantizer(TensorParallelHooks, HfQuantizer):
 
             modules = convert_import_shells(model)
         elif self.pre_quantized:
-            from lowvm.nn.layer.quant_linear import convert_earlier_layouts
+            from lowvm.nn.layer.layout_migration import convert_earlier_layouts
 
             modules = dict(config.modules)
             for name in convert_earlier_layouts(model):  # now recorded in the current layout

@@ -24,47 +24,34 @@ holds ``qweight`` exactly as stored, not converted to plain bit-stream rows. Why
   ``LowvmConfig.modules`` saves). A ``qweight`` whose record differs or is missing (a
   checkpoint from before a format change, or from older lowvm, which saved plain
   ``[N, K*bits/8]`` rows) raises :class:`~lowvm.nn.errors.WeightFormatError` before any
-  buffer changes, instead of loading bytes the kernel would misread. The codes
+  buffer changes, instead of loading bytes the kernel would misread, except an earlier
+  layout this lowvm still derives exactly, which is converted while loading
+  (:mod:`lowvm.nn.layer.layout_migration` makes these checks and conversions). The codes
   themselves stay portable: :meth:`QuantLinear.codes` gives them, :meth:`set_codes`
   takes them.
-- one exception: a record naming an earlier layout of the same type and K tile that this
-  lowvm can still derive exactly (:func:`~lowvm.nn.layer.kernel_format.earlier_kernel_format`:
-  3..7-bit floats saved before they took the split_pairs order) is converted while
-  loading, with a :class:`~lowvm.nn.layer.kernel_format.LayoutConvertedWarning`, so that such
-  checkpoints need not be quantized again from a dense model their users may no longer
-  have. transformers' loader assigns ``qweight`` itself, so there the layer is told the
-  recorded layout beforehand (:meth:`QuantLinear.expect_earlier_layout`) and converts it
-  afterwards (:func:`convert_earlier_layouts`).
 """
 
 from __future__ import annotations
 
 import operator
-import warnings
-from collections import ChainMap
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules.module import _EXTRA_STATE_KEY_SUFFIX
 
 from lowvm.dtypes import DType
-from lowvm.nn.errors import ActivationError, QuantizationError, WeightFormatError
+from lowvm.nn.errors import ActivationError, QuantizationError
 from lowvm.nn.layer import custom_op  # noqa: F401  (registers torch.ops.lowvm.quant_linear)
+from lowvm.nn.layer import layout_migration as migration
 from lowvm.nn.layer.backend import EagerLaunches
 from lowvm.nn.layer.backend import quant_linear as backend_quant_linear
-from lowvm.nn.layer.kernel_format import (
-    KernelFormat,
-    LayoutConvertedWarning,
-    earlier_kernel_format,
-    layer_kernel_format,
-)
+from lowvm.nn.layer.kernel_format import KernelFormat, layer_kernel_format
 from lowvm.nn.layer.packed import PackedLinear, dequantize, unpack_codes
 from lowvm.nn.layer.quantize import quantize_weight
 from lowvm.nn.layer.spec import QuantSpec, make_spec
 
-__all__ = ["QuantLinear", "bias_dtype_for", "convert_earlier_layouts"]
+__all__ = ["QuantLinear", "bias_dtype_for"]
 
 _ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
 # what makes a call traced rather than eager (each a C call of well under a microsecond)
@@ -178,7 +165,7 @@ class QuantLinear(nn.Module):
         if (not isinstance(codes, torch.Tensor) or codes.shape != (n, k)
                 or codes.dtype.is_floating_point or codes.dtype.is_complex):
             raise QuantizationError(f"{where}: codes must be an integer tensor of shape "
-                                    f"({n}, {k}); got {_describe(codes)}")
+                                    f"({n}, {k}); got {migration.describe(codes)}")
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= 1 << nbits):
             raise QuantizationError(f"{where}: codes of {self.spec.wtype.name} lie in "
                                     f"[0, {(1 << nbits) - 1}]; got values in "
@@ -213,151 +200,24 @@ class QuantLinear(nn.Module):
         return unpack_codes(self.packed())
 
     def get_extra_state(self) -> torch.Tensor:
-        """The format record saved beside ``qweight``: the fingerprint's 8 bytes."""
-        return torch.frombuffer(bytearray.fromhex(self.kernel_format.fingerprint),
-                                dtype=torch.uint8)
+        """The format record saved beside ``qweight``; loading checks it (see
+        :mod:`lowvm.nn.layer.layout_migration`)."""
+        return migration.format_record(self.kernel_format)
 
     def set_extra_state(self, state: Any) -> None:
-        earlier = getattr(self, "_earlier_layout", None)
-        if earlier is not None:  # transformers' loading of an announced earlier layout
-            got = _fingerprint(state)
-            if got != earlier.fingerprint:
-                raise WeightFormatError(
-                    f"{self._where()}: the checkpoint's config records kernel format "
-                    f"{earlier.fingerprint} for this layer, but its tensors record "
-                    f"{got if got is not None else _describe(state)}; the checkpoint is "
-                    "inconsistent")
-            return
-        self._check_format(state, None)
-
-    def _where(self) -> str:
-        return (f"QuantLinear ({self.spec.wtype.name}, group_size={self.spec.group_size}, "
-                f"[{self.out_features}, {self.in_features}])")
-
-    def _earlier_format(self, fingerprint: str | None) -> KernelFormat | None:
-        """The earlier layout of this layer's type and K tile that ``fingerprint`` names."""
-        return earlier_kernel_format(self.spec.wtype, self.kernel_format.bk, fingerprint)
-
-    def _from_earlier_layout(self, qweight: torch.Tensor, earlier: KernelFormat
-                             ) -> torch.Tensor:
-        """``qweight`` saved in ``earlier`` -> the current layout, on its device; warns."""
-        n, k, fmt = self.out_features, self.in_features, self.kernel_format
-        if (not isinstance(qweight, torch.Tensor) or qweight.is_meta
-                or qweight.dtype != torch.uint8 or qweight.shape != self.qweight.shape):
-            raise WeightFormatError(
-                f"{self._where()}: the saved qweight is in the earlier kernel format "
-                f"{earlier.fingerprint}, which this lowvm converts from a uint8 tensor with "
-                f"data of shape {tuple(self.qweight.shape)}; got {_describe(qweight)}"
-                + (" on the meta device" if getattr(qweight, "is_meta", False) else ""))
-        converted = fmt.repack(earlier.unpack(qweight, n, k))
-        warnings.warn(LayoutConvertedWarning(
-            f"{self.spec.wtype.name} weights (K tile {fmt.bk}) saved in an earlier kernel "
-            f"layout (format {earlier.fingerprint}) were converted to this lowvm's "
-            f"({fmt.fingerprint}) while loading; save the model again to store the current "
-            "layout"), stacklevel=2)
-        return converted
+        migration.check_record(self, state)
 
     def expect_earlier_layout(self, fingerprint: str | None) -> bool:
         """Whether ``fingerprint`` names an earlier layout this layer converts from. If so,
         the layer takes the ``qweight`` and record assigned next as being in it (as
         transformers' loader assigns them, bypassing :meth:`load_state_dict`), and
-        :func:`convert_earlier_layouts` converts them once assigned."""
-        earlier = self._earlier_format(fingerprint)
-        self._earlier_layout = earlier
-        return earlier is not None
-
-    @torch.no_grad()
-    def _convert_assigned(self) -> bool:
-        """Convert an assigned ``qweight`` of the announced earlier layout (see
-        :meth:`expect_earlier_layout`); False when none was announced."""
-        earlier = getattr(self, "_earlier_layout", None)
-        if earlier is None:
-            return False
-        converted = self._from_earlier_layout(self.qweight, earlier)
-        self._earlier_layout = None
-        self.qweight = converted
-        return True
-
-    def _check_format(self, record: Any, qweight: Any) -> None:
-        """Raise WeightFormatError unless ``record`` names this layer's kernel format."""
-        fmt = self.kernel_format
-        got = _fingerprint(record)
-        if got == fmt.fingerprint:
-            return
-        where = self._where()
-        fix = ("quantize the dense model again, or load the checkpoint with the lowvm that "
-               "saved it and move the codes over (QuantLinear.codes() there, set_codes here)")
-        if got is not None:
-            raise WeightFormatError(f"{where}: the saved qweight is in kernel format {got}, but"
-                                    f" this lowvm stores these weights as {fmt.fingerprint} "
-                                    f"(the GPU kernel's repacked layout changed since the "
-                                    f"checkpoint was saved); {fix}")
-        plain = (self.out_features, self.in_features * self.spec.wtype.nbits // 8)
-        if isinstance(qweight, torch.Tensor) and tuple(qweight.shape) == plain:
-            found = (f"a qweight of shape {plain}: plain bit-stream rows, the format of lowvm "
-                     "checkpoints before weights were stored repacked")
-        else:
-            found = f"a qweight without a format record (got {_describe(record)})"
-        raise WeightFormatError(f"{where}: the state dict holds {found}; this lowvm stores "
-                                f"qweight in the kernel's repacked layout, format "
-                                f"{fmt.fingerprint}, recorded as '{_EXTRA_STATE_KEY_SUFFIX}';"
-                                f" {fix}")
-
-    def _check_settings(self, state_dict: dict[str, Any], prefix: str, saved: str) -> None:
-        """Raise WeightFormatError naming how the saved layer's settings differ from this
-        one's (zero points, group size, shape, bits, type), where they do: a checkpoint of
-        another type or group size is a different layer, not a changed kernel layout."""
-        n, k = self.out_features, self.in_features
-        own = self.spec
-        qweight = state_dict[prefix + "qweight"]
-        scales, zeros = state_dict.get(prefix + "scales"), state_dict.get(prefix + "zeros")
-        diffs = []
-        if (zeros is None) != (self.zeros is None):
-            diffs.append("zero points: the checkpoint has " + (
-                "none (a symmetric type)" if zeros is None else "them (an asymmetric uintN)")
-                + f", this layer's {own.wtype.name} " + ("has them" if self.zeros is not None
-                                                          else "has none"))
-        if isinstance(scales, torch.Tensor) and scales.dim() == 2:
-            groups, rows = scales.shape
-            if rows != n:
-                diffs.append(f"shape: the checkpoint's layer has {rows} outputs, this one {n}")
-            elif groups != k // own.group_size and k % groups == 0:
-                diffs.append(f"group size: the checkpoint's is {k // groups}, this layer's "
-                             f"{own.group_size}")
-        if isinstance(qweight, torch.Tensor) and qweight.numel() != self.qweight.numel():
-            bits = qweight.numel() * 8 / (n * k)
-            diffs.append(f"bits per weight: the checkpoint's codes take {bits:g}, this layer's "
-                         f"{own.wtype.name} {own.wtype.nbits}")
-        if not diffs and self._earlier_format(saved) is None:  # else it is own type's
-            same = _type_of_fingerprint(saved, own.wtype.nbits, self.kernel_format.bk)
-            if same is not None and same != own.wtype:
-                diffs.append(f"type: the checkpoint holds {same.name}, this layer "
-                             f"{own.wtype.name}")
-        if diffs:
-            raise WeightFormatError(
-                f"QuantLinear ({own.wtype.name}, group_size={own.group_size}, [{n}, {k}]): "
-                f"the checkpoint's layer differs in {'; '.join(diffs)}; build the layer with "
-                "the checkpoint's settings (its config.json's quantization_config)")
+        :func:`~lowvm.nn.layer.layout_migration.convert_earlier_layouts` converts them once
+        assigned."""
+        return migration.expect_earlier_layout(self, fingerprint)
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               *args: Any, **kwargs: Any) -> None:
-        # checked, and an earlier layout converted, before the base class copies anything,
-        # so a refused load changes nothing (the caller's state dict is left as it is)
-        if prefix + "qweight" in state_dict:
-            self._earlier_layout = None  # the state dict says its layout itself
-            record_key = prefix + _EXTRA_STATE_KEY_SUFFIX
-            record = state_dict.get(record_key)
-            saved = _fingerprint(record)
-            if saved not in (None, self.kernel_format.fingerprint):
-                self._check_settings(state_dict, prefix, saved)
-                earlier = self._earlier_format(saved)
-                if earlier is not None:
-                    qweight = self._from_earlier_layout(state_dict[prefix + "qweight"],
-                                                        earlier)
-                    record = self.get_extra_state()
-                    state_dict = ChainMap({prefix + "qweight": qweight, record_key: record},
-                                          state_dict)
-            self._check_format(record, state_dict[prefix + "qweight"])
+        state_dict = migration.check_state_dict(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def packed(self) -> PackedLinear:
@@ -479,45 +339,8 @@ def bias_dtype_for(dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype in _ACTIVATION_DTYPES else torch.float16
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype} tensor of shape {tuple(value.shape)}"
-    return repr(value) if value is None else type(value).__name__
-
-
 def _check_like(where: str, name: str, value: Any, buffer: torch.Tensor) -> None:
     """``value`` must be a tensor of ``buffer``'s shape (its dtype is converted on copy)."""
     if not isinstance(value, torch.Tensor) or value.shape != buffer.shape:
         raise QuantizationError(f"{where}: {name} must be a tensor of shape "
-                                f"{tuple(buffer.shape)}; got {_describe(value)}")
-
-
-def _type_of_fingerprint(fingerprint: str, nbits: int, bk: int) -> DType | None:
-    """The ``nbits``-bit type whose kernel format of K tile ``bk``, current or earlier,
-    has ``fingerprint``."""
-    from lowvm.dtypes import all_dtypes
-    from lowvm.nn.layer.kernel_format import kernel_format
-
-    for wtype in all_dtypes():
-        if wtype.nbits == nbits and (kernel_format(wtype, bk).fingerprint == fingerprint
-                                     or earlier_kernel_format(wtype, bk, fingerprint)):
-            return wtype
-    return None
-
-
-def convert_earlier_layouts(model: nn.Module) -> list[str]:
-    """Convert the ``qweight`` of every layer of ``model`` told to expect an earlier layout
-    (:meth:`QuantLinear.expect_earlier_layout`) now that it is assigned; the names of the
-    converted layers."""
-    return [name for name, module in model.named_modules()
-            if isinstance(module, QuantLinear) and module._convert_assigned()]
-
-
-def _fingerprint(record: Any) -> str | None:
-    """The hex fingerprint a saved format record holds, or None if it holds none."""
-    if isinstance(record, str):
-        return record
-    if (isinstance(record, torch.Tensor) and record.dtype == torch.uint8 and record.dim() == 1
-            and not record.is_meta):
-        return bytes(record.tolist()).hex()
-    return None
+                                f"{tuple(buffer.shape)}; got {migration.describe(value)}")
