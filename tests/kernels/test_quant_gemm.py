@@ -472,6 +472,31 @@ def test_generated_code_uses_the_expected_instructions():
         assert needle in src, needle
 
 
+def test_one_program_per_activation_type_names_and_lists_its_specialisation():
+    """The bfloat16 build is named ``quant_gemm_bf16``; the schedule is listed field by
+    field (every field but ``wgmma``) after the weight's constants."""
+    from dataclasses import fields
+
+    from lowvm.driver import generate_cuda
+
+    s = GemmSchedule(split=4, prefetch=2, fused_split=False)
+    for adtype, name, c_type in ((lowvm.float16, "quant_gemm", "__half"),
+                                 (lowvm.bfloat16, "quant_gemm_bf16", "__nv_bfloat16")):
+        program = quant_gemm.build(adtype=adtype, wtype=lowvm.int4, group=128, schedule=s)
+        assert program.name == name
+        assert [str(p.type) for p in program.params if p.name in ("x", "scales", "zeros", "y")
+                ] == [f"ptr<{adtype.name}>"] * 4
+        listed = dict(program.constants)
+        assert list(listed) == ["wtype", "group", "zero_point"] + [
+            f.name for f in fields(GemmSchedule) if f.name != "wgmma"]
+        assert (listed["split"], listed["prefetch"], listed["fused_split"]) == (4, 2, False)
+        src = generate_cuda(program).source
+        assert f"// lowvm program {name} [wtype=int4, group=128, zero_point=False, bm=16, " in src
+        assert f"{c_type}* __restrict__ x" in src
+    with pytest.raises(lowvm.ProgramError, match="'schedule' takes a GemmSchedule, got"):
+        quant_gemm.build(schedule=s.__dict__)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("m", [1, 5, 33])
 def test_gpu_zero_points_and_bfloat16(m):
