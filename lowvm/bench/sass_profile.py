@@ -114,7 +114,7 @@ def main() -> None:
     s = with_fields(choose_schedule(args.m, args.n, args.k, min(128, args.group)),
                     args.variant)
     source = generate_cuda(quant_gemm.build(wtype=as_dtype(args.type), group=args.group,
-                                            **s.constants())).source
+                                            schedule=s)).source
     per_inst, per_op, total = loop_profile(executed_path(source), args.arch)
     steps = s.steps_per_copy
     print(f"{args.type} M={args.m} N={args.n} K={args.k} {args.arch}: {s}")

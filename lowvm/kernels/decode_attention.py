@@ -46,35 +46,27 @@ HEAD_DIMS = (64, 128, 192, 256)
 
 
 @vm.program(warps=4)
-def decode_attention(batch: vm.int32, length: vm.int32, q: vm.ptr[vm.float16],
-                     k: vm.ptr[vm.float16], v: vm.ptr[vm.float16], mask: vm.ptr[vm.uint8],
-                     out: vm.ptr[vm.float16], scale: vm.float32, kv_heads: int = 8,
-                     group: int = 4, head_dim: int = 128, stages: int = 2):
+def decode_attention(batch: vm.int32, length: vm.int32, q: vm.ptr[vm.dtype_of("adtype")],
+                     k: vm.ptr[vm.dtype_of("adtype")], v: vm.ptr[vm.dtype_of("adtype")],
+                     mask: vm.ptr[vm.uint8], out: vm.ptr[vm.dtype_of("adtype")],
+                     scale: vm.float32, kv_heads: int = 8, group: int = 4, head_dim: int = 128,
+                     stages: int = 2, adtype: vm.constexpr = vm.float16):
     """``q [batch*kv_heads*group, head_dim]`` (heads of a group adjacent, as Hugging Face
     orders them), ``k``/``v`` ``[batch*kv_heads, length, head_dim]``, ``mask
-    [batch, length]``, ``out`` like ``q``; ``scale`` multiplies the scores."""
-    _body(batch, length, q, k, v, mask, out, scale, vm.float16, kv_heads, group, head_dim,
-          stages)
+    [batch, length]``, ``out`` like ``q``, all but ``mask`` of ``adtype`` (float16 or
+    bfloat16); ``scale`` multiplies the scores."""
+    _body(batch, length, q, k, v, mask, out, scale, adtype, kv_heads, group, head_dim, stages)
 
 
 @vm.program(warps=4)
-def decode_attention_bf16(batch: vm.int32, length: vm.int32, q: vm.ptr[vm.bfloat16],
-                          k: vm.ptr[vm.bfloat16], v: vm.ptr[vm.bfloat16],
-                          mask: vm.ptr[vm.uint8], out: vm.ptr[vm.bfloat16],
-                          scale: vm.float32, kv_heads: int = 8, group: int = 4,
-                          head_dim: int = 128, stages: int = 2):
-    """:func:`decode_attention` for bfloat16 ``q``, ``k``, ``v`` and ``out``."""
-    _body(batch, length, q, k, v, mask, out, scale, vm.bfloat16, kv_heads, group, head_dim,
-          stages)
-
-
-@vm.program(warps=4)
-def decode_attention_rope(batch: vm.int32, length: vm.int32, qkv: vm.ptr[vm.float16],
-                          cos: vm.ptr[vm.float16], sin: vm.ptr[vm.float16],
-                          k: vm.ptr[vm.float16], v: vm.ptr[vm.float16],
+def decode_attention_rope(batch: vm.int32, length: vm.int32,
+                          qkv: vm.ptr[vm.dtype_of("adtype")],
+                          cos: vm.ptr[vm.dtype_of("adtype")], sin: vm.ptr[vm.dtype_of("adtype")],
+                          k: vm.ptr[vm.dtype_of("adtype")], v: vm.ptr[vm.dtype_of("adtype")],
                           position: vm.ptr[vm.int32], mask: vm.ptr[vm.uint8],
-                          out: vm.ptr[vm.float16], scale: vm.float32, kv_heads: int = 8,
-                          group: int = 4, head_dim: int = 128, stages: int = 2):
+                          out: vm.ptr[vm.dtype_of("adtype")], scale: vm.float32,
+                          kv_heads: int = 8, group: int = 4, head_dim: int = 128,
+                          stages: int = 2, adtype: vm.constexpr = vm.float16):
     """A whole decode step of a Llama attention after its q/k/v GEMM: the rotary embedding
     of the step's q and k (``x cos + rotate_half(x) sin``, in float32), k and v written
     into the caches at ``position[0]``, then :func:`decode_attention` over the caches.
@@ -82,22 +74,9 @@ def decode_attention_rope(batch: vm.int32, length: vm.int32, qkv: vm.ptr[vm.floa
     ``qkv [batch, (kv_heads*group + 2*kv_heads) * head_dim]`` (q heads, then k, then v, as
     a fused projection emits them), ``cos``/``sin [batch, head_dim]``, ``k``/``v``
     ``[batch*kv_heads, length, head_dim]`` caches (updated in place), ``out
-    [batch*kv_heads*group, head_dim]``."""
-    _body(batch, length, None, k, v, mask, out, scale, vm.float16, kv_heads, group,
-          head_dim, stages, rope=(qkv, cos, sin, position))
-
-
-@vm.program(warps=4)
-def decode_attention_rope_bf16(batch: vm.int32, length: vm.int32, qkv: vm.ptr[vm.bfloat16],
-                               cos: vm.ptr[vm.bfloat16], sin: vm.ptr[vm.bfloat16],
-                               k: vm.ptr[vm.bfloat16], v: vm.ptr[vm.bfloat16],
-                               position: vm.ptr[vm.int32], mask: vm.ptr[vm.uint8],
-                               out: vm.ptr[vm.bfloat16], scale: vm.float32,
-                               kv_heads: int = 8, group: int = 4, head_dim: int = 128,
-                               stages: int = 2):
-    """:func:`decode_attention_rope` for bfloat16 tensors."""
-    _body(batch, length, None, k, v, mask, out, scale, vm.bfloat16, kv_heads, group,
-          head_dim, stages, rope=(qkv, cos, sin, position))
+    [batch*kv_heads*group, head_dim]``, all of ``adtype`` (float16 or bfloat16)."""
+    _body(batch, length, None, k, v, mask, out, scale, adtype, kv_heads, group, head_dim,
+          stages, rope=(qkv, cos, sin, position))
 
 
 def _rope_step(rope, seq, head, length, k, v, dt, kv_heads: int, group: int, head_dim: int,

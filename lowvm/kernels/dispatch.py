@@ -21,9 +21,11 @@ from collections.abc import Callable
 from typing import Any
 
 from lowvm.driver import compile as compile_program
+from lowvm.dtypes import DType
+from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
 from lowvm.kernels.gemm_schedule import GemmSchedule
-from lowvm.kernels.quant_gemm import finish_split, finish_split_bf16, quant_gemm, quant_gemm_bf16
+from lowvm.kernels.quant_gemm import finish_split, quant_gemm
 from lowvm.kernels.schedule_source import schedule_source
 from lowvm.kernels.schedules import (
     THRESHOLDS,
@@ -127,36 +129,37 @@ def _tuned(m: int, weight: QuantWeight) -> GemmSchedule | None:
     return None if source is None else source(m, weight)
 
 
-def plan(kind: str, m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def plan(kind: str, m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
          schedule: GemmSchedule | None) -> Plan:
-    """The cached :data:`Plan` of kernel ``kind`` for one call shape (made on first use)."""
-    key = (kind, m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, bf16,
+    """The cached :data:`Plan` of kernel ``kind`` for one call shape, activations of
+    ``adtype`` (made on first use)."""
+    key = (kind, m, weight.n, weight.k, weight.bk, weight.wtype, weight.group, adtype,
            zero_point, schedule)
     made = _PLANS.get(key)
     if made is None:
-        made = _PLANS[key] = _MAKERS[kind](m, weight, bf16, zero_point, schedule)
+        made = _PLANS[key] = _MAKERS[kind](m, weight, adtype, zero_point, schedule)
     return made
 
 
-def _plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def _plan(m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
           schedule: GemmSchedule | None) -> Plan:
     """The ``quant_gemm`` plan (see :func:`plan`)."""
-    return plan(QUANT_GEMM, m, weight, bf16, zero_point, schedule)
+    return plan(QUANT_GEMM, m, weight, adtype, zero_point, schedule)
 
 
-def _prefill_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def _prefill_plan(m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
                   schedule: GemmSchedule | None) -> Plan:
     """The ``quant_gemm_prefill`` plan (see :func:`plan`)."""
-    return plan(PREFILL, m, weight, bf16, zero_point, schedule)
+    return plan(PREFILL, m, weight, adtype, zero_point, schedule)
 
 
-def _wgmma_plan(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def _wgmma_plan(m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
                 schedule: GemmSchedule | None) -> Plan:
     """The ``quant_gemm_wgmma`` plan (see :func:`plan`)."""
-    return plan(WGMMA, m, weight, bf16, zero_point, schedule)
+    return plan(WGMMA, m, weight, adtype, zero_point, schedule)
 
 
-def _make_quant_gemm(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def _make_quant_gemm(m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
                      schedule: GemmSchedule | None) -> Plan:
     n, k = weight.n, weight.k
     tuned = None if schedule else _tuned(m, weight)
@@ -165,18 +168,14 @@ def _make_quant_gemm(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     refusal = plan_refusal(s, k, weight.bk)
     if refusal:
         raise LowvmError(f"schedule {s}: {refusal}")
-    gemm = _compiled(quant_gemm_bf16 if bf16 else quant_gemm, wtype=weight.wtype,
-                     group=weight.group, zero_point=zero_point, **s.constants())
-    return gemm, _finisher(s, bf16), s.rows if s.split > 1 else 0
+    gemm = _compiled(quant_gemm, adtype=adtype, wtype=weight.wtype, group=weight.group,
+                     zero_point=zero_point, schedule=s)
+    return gemm, _finisher(s, adtype), s.rows if s.split > 1 else 0
 
 
-def _make_prefill(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def _make_prefill(m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
                   schedule: GemmSchedule | None) -> Plan:
-    from lowvm.kernels.quant_gemm_prefill import (
-        quant_gemm_prefill,
-        quant_gemm_prefill_bf16,
-        threads_fit,
-    )
+    from lowvm.kernels.quant_gemm_prefill import quant_gemm_prefill, threads_fit
 
     n, k = weight.n, weight.k
     s = schedule or choose_prefill_schedule(m, n, k, weight.bk, weight.wtype,
@@ -197,15 +196,14 @@ def _make_prefill(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
         raise LowvmError(f"prefill schedule {s}: its {s.warps_m * s.warps_n * 32} threads "
                          f"cannot split the {weight.wtype.name} weight tile evenly; use "
                          f"one thread per 64 x 4 weight columns ({s.bn // WEIGHT_BN * 128})")
-    gemm = _compiled(quant_gemm_prefill_bf16 if bf16 else quant_gemm_prefill,
-                     wtype=weight.wtype, group=weight.group, zero_point=zero_point,
-                     **s.constants())
-    return gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0
+    gemm = _compiled(quant_gemm_prefill, adtype=adtype, wtype=weight.wtype,
+                     group=weight.group, zero_point=zero_point, schedule=s)
+    return gemm, _finisher(s, adtype), s.bm if s.split > 1 else 0
 
 
-def _make_wgmma(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
+def _make_wgmma(m: int, weight: QuantWeight, adtype: DType, zero_point: bool,
                 schedule: GemmSchedule | None) -> Plan:
-    from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma, quant_gemm_wgmma_bf16
+    from lowvm.kernels.quant_gemm_wgmma import quant_gemm_wgmma
 
     n, k = weight.n, weight.k
     s = (schedule or _tuned_wgmma(m, weight)
@@ -216,10 +214,9 @@ def _make_wgmma(m: int, weight: QuantWeight, bf16: bool, zero_point: bool,
     reason = wgmma_refusal(s, n, k, weight.bk, weight.wtype)
     if reason:
         raise LowvmError(f"wgmma schedule {s}: {reason}")
-    gemm = _compiled(quant_gemm_wgmma_bf16 if bf16 else quant_gemm_wgmma,
-                     wtype=weight.wtype, group=weight.group, zero_point=zero_point,
-                     **s.wgmma_constants())
-    return gemm, _finisher(s, bf16), s.bm if s.split > 1 else 0
+    gemm = _compiled(quant_gemm_wgmma, adtype=adtype, wtype=weight.wtype,
+                     group=weight.group, zero_point=zero_point, schedule=s)
+    return gemm, _finisher(s, adtype), s.bm if s.split > 1 else 0
 
 
 def _tuned_wgmma(m: int, weight: QuantWeight) -> GemmSchedule | None:
@@ -240,11 +237,11 @@ def _compiled(program: Any, **constants: Any) -> Any:
     return _COMPILED[key]
 
 
-def _finisher(s: GemmSchedule, bf16: bool) -> Any:
+def _finisher(s: GemmSchedule, adtype: DType) -> Any:
     """The compiled unfused split-K epilogue of schedule ``s``, or None."""
     if s.split == 1 or s.fused_split:
         return None
-    return _compiled(finish_split_bf16 if bf16 else finish_split)
+    return _compiled(finish_split, adtype=adtype)
 
 
 def _run(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, planner: Any) -> Any:
@@ -271,7 +268,7 @@ def _gemm_call(x: Any, weight: QuantWeight, schedule: GemmSchedule | None, plann
 
     m, n, k = x.shape[0], weight.n, weight.k
     scales, zeros = weight.for_dtype(x.dtype)
-    gemm, finish, tile_rows = planner(m, weight, x.dtype == torch.bfloat16, zeros is not None,
+    gemm, finish, tile_rows = planner(m, weight, as_dtype(x.dtype), zeros is not None,
                                       schedule)
     zeros = scales if zeros is None else zeros  # not read without zero_point
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)

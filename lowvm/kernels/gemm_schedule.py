@@ -1,18 +1,22 @@
-"""The compile-time tiling of :func:`~lowvm.kernels.quant_gemm.quant_gemm`: one dataclass
-that benchmarks, the tuner and the library pass around, kept apart from the program so
-that choosing a schedule needs no kernel code."""
+"""The compile-time tiling of the quantized GEMMs: one dataclass that benchmarks, the tuner
+and the library pass around, and the programs take as one constant (``schedule``), kept
+apart from them so that choosing a schedule needs no kernel code."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
-__all__ = ["GemmSchedule", "with_fields"]
+__all__ = ["GemmSchedule", "with_fields", "gemm_listing"]
 
 
 @dataclass(frozen=True)
 class GemmSchedule:
-    """The compile-time tiling of one :func:`~lowvm.kernels.quant_gemm.quant_gemm`
-    specialisation."""
+    """The compile-time tiling of one GEMM specialisation: the ``schedule`` constant of
+    :func:`~lowvm.kernels.quant_gemm.quant_gemm` (every field but ``wgmma``),
+    ``quant_gemm_prefill`` and ``quant_gemm_wgmma`` (the fields each one's docstring
+    names)."""
 
     bm: int = 16
     bn: int = 64
@@ -60,37 +64,6 @@ class GemmSchedule:
     #: ``split``, ``stages`` and ``prefetch`` as above, no other option
     wgmma: bool = False
 
-    def constants(self) -> dict[str, int | None]:
-        """Keyword constants for ``quant_gemm.build`` / ``lowvm.compile``."""
-        c = {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warps_m": self.warps_m,
-             "warps_n": self.warps_n, "split": self.split, "stages": self.stages,
-             "prefetch": self.prefetch}
-        if self.weights_shared:
-            c["weights_shared"] = True
-        if not self.fused_split:
-            c["fused_split"] = False
-        if self.min_blocks > 1:
-            c["min_blocks"] = self.min_blocks
-        if self.x_steps:
-            c["x_steps"] = self.x_steps
-        if self.l2_ahead:
-            c["l2_ahead"] = self.l2_ahead
-        if self.k_slice:
-            c["k_slice"] = self.k_slice
-        if self.x_whole:
-            c["x_whole"] = self.x_whole
-        if self.x_rows:
-            c["x_rows"] = self.x_rows
-        if self.swap_ab:
-            c["swap_ab"] = True
-        return c
-
-    def wgmma_constants(self) -> dict[str, int | bool | None]:
-        """Keyword constants for ``quant_gemm_wgmma.build`` (``warps_m`` = 4 x warpgroups)."""
-        return {"bm": self.bm, "bn": self.bn, "bk": self.bk, "warpgroups": self.warps_m // 4,
-                "split": self.split, "stages": self.stages, "prefetch": self.prefetch,
-                "fused_split": self.fused_split}
-
     def resplit(self, k: int, **fields: object) -> GemmSchedule:
         """This schedule with ``fields`` replaced, for K = ``k``: an ``x_whole`` one keeps
         holding exactly a block's K range (``x_whole = k / split`` for the new split)."""
@@ -101,6 +74,11 @@ class GemmSchedule:
     def rows(self) -> int:
         """Rows of y per block (the grid's third dim is ``cdiv(m, rows)``)."""
         return self.x_rows or self.bm
+
+    @property
+    def warpgroups(self) -> int:
+        """Warpgroups of a wgmma schedule (``warps_m`` = 4 x warpgroups)."""
+        return self.warps_m // 4
 
     @property
     def steps_per_copy(self) -> int:
@@ -120,3 +98,16 @@ def with_fields(base: GemmSchedule, spec: str) -> GemmSchedule:
                                                    "swap_ab")
                        else int(value) or None if key == "stages" else int(value))
     return replace(base, **fields)
+
+
+def gemm_listing(*fields: str) -> Callable[..., dict[str, Any]]:
+    """The ``listing`` of a GEMM program (``@vm.program(listing=...)``): the weight's
+    constants, then the schedule's ``fields`` (those the program reads) one by one, so a
+    kernel's header comment names each as a constant of its own."""
+
+    def listing(wtype: Any, group: int, zero_point: bool, schedule: GemmSchedule,
+                **_: Any) -> dict[str, Any]:
+        return {"wtype": wtype, "group": group, "zero_point": zero_point,
+                **{f: getattr(schedule, f) for f in fields}}
+
+    return listing

@@ -52,13 +52,13 @@ library checks it before a launch); ``m`` is anything (rows are masked).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import lowvm.lang as vm
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
-from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.gemm_schedule import GemmSchedule, gemm_listing
 from lowvm.kernels.weight_format import (
     FORMAT_BN,
     FORMAT_WARPS_N,
@@ -84,11 +84,16 @@ from lowvm.passes.software_pipeline import staged_layout
 
 # the schedule and the weight format live in their own modules; their names stay
 # importable from here, where the program that uses them is
-__all__ = ["quant_gemm", "quant_gemm_bf16", "store_result", "finish_split", "finish_split_bf16",
-           "GemmSchedule", "weight_layouts", "schedule_layouts", "repack_index",
-           "repack_weights", "unpack_repacked", "interleave_chunks", "deinterleave_chunks",
-           "WeightLayouts", "FORMAT_BN", "FORMAT_WARPS_N"]
+__all__ = ["quant_gemm", "store_result", "finish_split", "GemmSchedule", "weight_layouts",
+           "schedule_layouts", "repack_index", "repack_weights", "unpack_repacked",
+           "interleave_chunks", "deinterleave_chunks", "WeightLayouts", "FORMAT_BN",
+           "FORMAT_WARPS_N"]
 
+
+#: the schedule fields quant_gemm reads (all but ``wgmma``: the kernel choice)
+_FIELDS = tuple(f.name for f in fields(GemmSchedule) if f.name != "wgmma")
+#: the schedule a build without one takes: a 16 x 64 block tile on 4 warps, one K step
+_DEFAULT_SCHEDULE = GemmSchedule()
 
 
 @dataclass(frozen=True)
@@ -138,20 +143,20 @@ class _Block:
                 lw.packed_3d)
 
 
-def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int, bm: int,
-           bn: int, bk: int, warps_m: int, warps_n: int, split: int, min_blocks: int = 1,
-           rows: int = 0) -> _Block:
-    """Layouts, grid and views; a block covers ``rows`` rows of y (0: ``bm``)."""
-    rows = rows or bm
+def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int,
+           s: GemmSchedule) -> _Block:
+    """Layouts, grid and views; a block covers ``s.rows`` rows of y."""
+    bm, bn, bk, warps_m, warps_n, min_blocks = s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.min_blocks
+    rows = s.rows
     vm.static_assert(group % bk == 0, f"bk={bk} must divide the group size {group}")
     lw = weight_layouts(wtype, bm, bn, bk, warps_m, warps_n, adtype)
     vm.set_warps(warps_m * warps_n)
     if min_blocks > 1:  # (1: no hint, as the schedules were measured)
         vm.set_min_blocks(min_blocks)
-    vm.set_grid(vm.cdiv(n, bn), split, vm.cdiv(m, rows))
+    vm.set_grid(vm.cdiv(n, bn), s.split, vm.cdiv(m, rows))
     col0, row0 = vm.block_index(0) * bn, vm.block_index(2) * rows
     n_tiles = n // bn
-    k_steps = k // bk // split
+    k_steps = k // bk // s.split
     k_tile0 = vm.block_index(1) * k_steps
     gx = vm.global_view(x, [m, k])
     parts = FORMAT_BN // bn
@@ -169,14 +174,25 @@ def _setup(m, n, k, x, w, scales, zeros, adtype: DType, wtype: DType, group: int
     return _Block(lw, col0, row0, n_tiles, k_steps, k_tile0, gx, gw, gs, gz, parts)
 
 
-def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
-                     wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
-                     warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                     weights_shared: bool = False, fused_split: bool = True,
-                     min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                     k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
-                     swap_ab: bool = False) -> None:
-    """The program, for activations of ``adtype`` (float16 or bfloat16)."""
+@vm.program(listing=gemm_listing(*_FIELDS))
+def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.dtype_of("adtype")],
+               w: vm.ptr[vm.uint8], scales: vm.ptr[vm.dtype_of("adtype")],
+               zeros: vm.ptr[vm.dtype_of("adtype")], y: vm.ptr[vm.dtype_of("adtype")],
+               ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
+               adtype: vm.constexpr = vm.float16, wtype: vm.constexpr = vm.int4,
+               group: int = 128, zero_point: bool = False,
+               schedule: GemmSchedule = _DEFAULT_SCHEDULE):
+    """``y[m, n] = x[m, k] @ dequant(w)^T``, ``x``, ``scales``, ``zeros`` and ``y`` of
+    ``adtype`` (float16 or bfloat16); split-K through ``ws``/``counters``
+    (:func:`store_result`).
+
+    ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
+    ``q * scales``; ``zeros`` is not read without ``zero_point``.
+    """
+    s = schedule
+    bm, bn, bk, warps_m, warps_n, split = s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split
+    prefetch, x_steps, l2_ahead, k_slice = s.prefetch, s.x_steps, s.l2_ahead, s.k_slice
+    x_whole, x_rows, swap_ab = s.x_whole, s.x_rows, s.swap_ab
     ks = k_slice or bk
     vm.static_assert(not swap_ab or (x_rows == 1 and warps_m == 1 and not k_slice),
                      f"swap_ab computes y^T one row of x at a time: it needs x_rows=1, "
@@ -188,24 +204,22 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
     vm.static_assert(x_whole >= 0 and x_whole % bk == 0, f"x_whole={x_whole} must be 0 "
                      f"(x copied per step) or a positive multiple of bk={bk}")
     if x_whole:
-        vm.static_assert(not (weights_shared or x_steps or stages), f"x_whole "
+        vm.static_assert(not (s.weights_shared or x_steps or s.stages), f"x_whole "
                          f"copies x once and keeps the register body's loop free of copies: "
                          f"weights_shared, x_steps and stages must be off, got "
-                         f"{weights_shared}, {x_steps}, {stages}")
+                         f"{s.weights_shared}, {x_steps}, {s.stages}")
     vm.static_assert(ks > 0 and bk % ks == 0 and ks % 16 == 0, f"k_slice={k_slice} must be "
                      f"a multiple of 16 dividing bk={bk} (or 0: the whole step)")
     vm.static_assert(x_steps >= 0, f"x_steps={x_steps} must be 0 (prefetch's) or positive")
     vm.static_assert(l2_ahead >= 0, f"l2_ahead={l2_ahead} must be 0 (none) or positive")
-    if weights_shared:
+    if s.weights_shared:
         vm.static_assert(x_steps in (0, 1) and not l2_ahead, f"weights_shared copies x one K "
                          f"step at a time and stages the weights itself: x_steps must be 0 "
                          f"or 1 and l2_ahead 0, got x_steps={x_steps}, l2_ahead={l2_ahead}")
         _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
-                     fused_split, min_blocks, ks)
+                     zero_point, s)
         return
-    b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
-               warps_n, split, min_blocks, x_rows)
+    b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, s)
     vm.static_assert(prefetch >= 1, f"prefetch={prefetch} must be at least 1")
     xs = x_steps or prefetch
     vm.static_assert(xs % prefetch == 0, f"x_steps={x_steps} must be a multiple of "
@@ -275,10 +289,10 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
                       x_rows or bm, x_whole,
                       (lambda kt: ask_l2(kt + prefetch + l2_ahead)) if l2_ahead else None,
                       swapped)
-        store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split,
+        store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, s.fused_split,
                      x_rows, transposed=swapped is not None)
         return
-    for it in vm.range(b.k_steps // xs, stages=stages):
+    for it in vm.range(b.k_steps // xs, stages=s.stages):
         kt0 = b.k_tile0 + it * xs
         vm.copy_async(sx, b.gx, [b.row0, kt0 * bk])
         vm.commit_group()
@@ -295,7 +309,7 @@ def _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DTyp
             if l2_ahead:
                 ask_l2(kt0 + j + prefetch + l2_ahead)
         vm.sync()
-    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, s.fused_split)
     vm.free_shared(sx)
 
 
@@ -466,16 +480,14 @@ def _slices(bm: int, bn: int, bk: int, warps_m: int, warps_n: int, k_slice: int,
 
 
 def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
-                 wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
-                 warps_m: int, warps_n: int, split: int, stages: int | None, prefetch: int,
-                 fused_split: bool = True, min_blocks: int = 1, k_slice: int = 0) -> None:
+                 wtype: DType, group: int, zero_point: bool, s: GemmSchedule) -> None:
     """:func:`quant_gemm` with weights, scales (zeros) and x staged in shared memory by
     ``cp.async``, ``stages`` K steps deep (the software-pipelining pass builds the
     prologue and drain); each thread then reads its B fragments with 16-byte loads."""
-    b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, bm, bn, bk, warps_m,
-               warps_n, split, min_blocks)
-    vm.static_assert(prefetch == 1, f"weights_shared stages weights `stages` deep; "
-                     f"prefetch={prefetch} must be 1")
+    bm, bn, bk, warps_m, warps_n = s.bm, s.bn, s.bk, s.warps_m, s.warps_n
+    b = _setup(m, n, k, x, w, scales, zeros, adtype, wtype, group, s)
+    vm.static_assert(s.prefetch == 1, f"weights_shared stages weights `stages` deep; "
+                     f"prefetch={s.prefetch} must be 1")
     vm.static_assert(b.parts == 1, f"weights_shared stages whole format tiles: bn={bn} must "
                      f"be {FORMAT_BN}")
     lw, lay = b.lw, b.lw.mma
@@ -486,7 +498,7 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
     ss = vm.shared_tensor(adtype, [1, bn])
     sz = vm.shared_tensor(adtype, [1, bn]) if zero_point else None
     acc = vm.register_tensor(vm.float32, [bm, bn], lay.c, init=0.0)
-    for it in vm.range(b.k_steps, stages=stages):
+    for it in vm.range(b.k_steps, stages=s.stages):
         kt = b.k_tile0 + it
         g = [kt * bk // group, b.col0]
         vm.copy_async(sx, b.gx, [b.row0, kt * bk])
@@ -502,55 +514,12 @@ def _staged_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
         zero = (vm.load_shared(sz, reduce(lay.b, [0], keepdims=True), [0, 0], [1, bn])
                 if zero_point else None)
         _multiply_step(sx, lambda c: [0, c], packed, scale, zero, acc, lw, wtype, adtype,
-                       zero_point, _slices(bm, bn, bk, warps_m, warps_n, k_slice or bk, adtype))
+                       zero_point, _slices(bm, bn, bk, warps_m, warps_n, s.k_slice or bk, adtype))
         vm.sync()
-    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, s.split, s.fused_split)
     for t in (sx, sw, ss, sz):
         if t is not None:
             vm.free_shared(t)
-
-
-@vm.program
-def quant_gemm(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
-               w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16], zeros: vm.ptr[vm.float16],
-               y: vm.ptr[vm.float16], ws: vm.ptr[vm.float32],
-               counters: vm.ptr[vm.int32], wtype: vm.constexpr = vm.int4,
-               group: int = 128, zero_point: bool = False, bm: int = 16, bn: int = 64,
-               bk: int = 128, warps_m: int = 1, warps_n: int = 4, split: int = 1,
-               stages: int | None = None, prefetch: int = 1, weights_shared: bool = False,
-               fused_split: bool = True, min_blocks: int = 1, x_steps: int = 0,
-               l2_ahead: int = 0, k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
-               swap_ab: bool = False):
-    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T``; split-K through ``ws``/``counters``
-    (:func:`store_result`).
-
-    ``dequant(w) = (q - zeros) * scales`` with ``zero_point`` (zeros hold codes), else
-    ``q * scales``; ``zeros`` is not read without ``zero_point``.
-    """
-    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
-                     zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice, x_whole, x_rows, swap_ab)
-
-
-@vm.program
-def quant_gemm_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16],
-                    w: vm.ptr[vm.uint8], scales: vm.ptr[vm.bfloat16],
-                    zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
-                    ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
-                    wtype: vm.constexpr = vm.int4, group: int = 128,
-                    zero_point: bool = False, bm: int = 16, bn: int = 64, bk: int = 128,
-                    warps_m: int = 1, warps_n: int = 4, split: int = 1,
-                    stages: int | None = None, prefetch: int = 1,
-                    weights_shared: bool = False, fused_split: bool = True,
-                    min_blocks: int = 1, x_steps: int = 0, l2_ahead: int = 0,
-                    k_slice: int = 0, x_whole: int = 0, x_rows: int = 0,
-                    swap_ab: bool = False):
-    """:func:`quant_gemm` with bfloat16 activations, scales, zeros and output."""
-    _quant_gemm_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype,
-                     group, zero_point, bm, bn, bk, warps_m, warps_n, split, stages,
-                     prefetch, weights_shared, fused_split, min_blocks, x_steps, l2_ahead,
-                     k_slice, x_whole, x_rows, swap_ab)
 
 
 def _finish(total, ws, y, adtype: DType) -> None:
@@ -566,12 +535,7 @@ def _finish(total, ws, y, adtype: DType) -> None:
 
 
 @vm.program(warps=4)
-def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.float16]):
-    """``y = float16(ws); ws = 0`` (the unfused split-K epilogue, ``fused_split=False``)."""
-    _finish(total, ws, y, vm.float16)
-
-
-@vm.program(warps=4)
-def finish_split_bf16(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.bfloat16]):
-    """``y = bfloat16(ws); ws = 0`` (the epilogue of :func:`quant_gemm_bf16`)."""
-    _finish(total, ws, y, vm.bfloat16)
+def finish_split(total: vm.int32, ws: vm.ptr[vm.float32], y: vm.ptr[vm.dtype_of("adtype")],
+                 adtype: vm.constexpr = vm.float16):
+    """``y = adtype(ws); ws = 0`` (the unfused split-K epilogue, ``fused_split=False``)."""
+    _finish(total, ws, y, adtype)

@@ -37,7 +37,7 @@ from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
-from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.gemm_schedule import GemmSchedule, gemm_listing
 from lowvm.kernels.quant_gemm import store_result
 from lowvm.kernels.weight_format import WeightLayouts, weight_layouts
 from lowvm.layouts import (
@@ -52,7 +52,7 @@ from lowvm.layouts import (
 )
 from lowvm.layouts.mma_tiling import block_mma_layouts
 
-__all__ = ["quant_gemm_prefill", "quant_gemm_prefill_bf16", "PrefillLayouts",
+__all__ = ["quant_gemm_prefill", "PrefillLayouts",
            "prefill_layouts", "shared_b_layout", "FORMAT_BN", "FORMAT_WARPS_N",
            "PREFILL_SCHEDULE", "PREFILL_SCHEDULE_SM80", "PREFILL_MIN_BK",
            "prefill_schedule_for"]
@@ -177,11 +177,24 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warps_m: int, warp
                      "rows); weights in groups of 16 or 32 run on quant_gemm")
 
 
-def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
-                  wtype: DType, group: int, zero_point: bool, bm: int, bn: int, bk: int,
-                  warps_m: int, warps_n: int, split: int, stages: int | None,
-                  prefetch: int, fused_split: bool = True) -> None:
-    """The program, for activations of ``adtype`` (float16 or bfloat16)."""
+@vm.program(listing=gemm_listing("bm", "bn", "bk", "warps_m", "warps_n", "split", "stages",
+                                  "prefetch", "fused_split"))
+def quant_gemm_prefill(m: vm.int32, n: vm.int32, k: vm.int32,
+                       x: vm.ptr[vm.dtype_of("adtype")], w: vm.ptr[vm.uint8],
+                       scales: vm.ptr[vm.dtype_of("adtype")],
+                       zeros: vm.ptr[vm.dtype_of("adtype")], y: vm.ptr[vm.dtype_of("adtype")],
+                       ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
+                       adtype: vm.constexpr = vm.float16, wtype: vm.constexpr = vm.int4,
+                       group: int = 128, zero_point: bool = False,
+                       schedule: GemmSchedule = PREFILL_SCHEDULE_SM80):
+    """``y[m, n] = x[m, k] @ dequant(w)^T``, ``x``, ``scales``, ``zeros`` and ``y`` of
+    ``adtype`` (float16 or bfloat16; split-K as in ``store_result``), on weights repacked
+    by :func:`lowvm.kernels.quant_gemm.repack_weights`. The schedule's ``bm``, ``bn``,
+    ``bk``, ``warps_m``, ``warps_n``, ``split``, ``stages``, ``prefetch`` and
+    ``fused_split`` apply."""
+    s = schedule
+    bm, bn, bk, warps_m, warps_n, prefetch = s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.prefetch
+    split, stages = s.split, s.stages
     _check_schedule(adtype, bm, bn, bk, warps_m, warps_n, prefetch, group)
     threads = warps_m * warps_n * 32
     pl = prefill_layouts(wtype, bn, bk, threads, adtype)
@@ -258,42 +271,9 @@ def _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType,
                 vm.assign(dst, src)
         if not stages or stages < 2:
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
-    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, fused_split)
+    store_result(acc, m, n, y, ws, counters, adtype, bm, bn, split, s.fused_split)
     vm.free_shared(sb)
     vm.free_shared(sx)
-
-
-@vm.program
-def quant_gemm_prefill(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
-                       w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16],
-                       zeros: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
-                       ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
-                       wtype: vm.constexpr = vm.int4,
-                       group: int = 128, zero_point: bool = False, bm: int = 128,
-                       bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
-                       split: int = 1, stages: int | None = 3, prefetch: int = 1,
-                       fused_split: bool = True):
-    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` (split-K as in ``store_result``),
-    on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
-    _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
-                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
-                  fused_split)
-
-
-@vm.program
-def quant_gemm_prefill_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16],
-                            w: vm.ptr[vm.uint8], scales: vm.ptr[vm.bfloat16],
-                            zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
-                            ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
-                            wtype: vm.constexpr = vm.int4,
-                            group: int = 128, zero_point: bool = False, bm: int = 128,
-                            bn: int = 128, bk: int = 128, warps_m: int = 4, warps_n: int = 2,
-                            split: int = 1, stages: int | None = 3, prefetch: int = 1,
-                            fused_split: bool = True):
-    """:func:`quant_gemm_prefill` with bfloat16 activations, scales, zeros and output."""
-    _prefill_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype, group,
-                  zero_point, bm, bn, bk, warps_m, warps_n, split, stages, prefetch,
-                  fused_split)
 
 
 def threads_fit(wtype: DType, schedule: GemmSchedule) -> bool:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import lowvm.lang as vm
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
-from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.gemm_schedule import GemmSchedule, gemm_listing
 from lowvm.kernels.quant_gemm import store_result
 from lowvm.kernels.quant_gemm_prefill import FORMAT_BN, prefill_layouts
 from lowvm.layouts import (
@@ -47,7 +47,7 @@ from lowvm.layouts import (
     wgmma_layouts,
 )
 
-__all__ = ["quant_gemm_wgmma", "quant_gemm_wgmma_bf16", "WGMMA_SCHEDULE", "PANEL"]
+__all__ = ["quant_gemm_wgmma", "WGMMA_SCHEDULE", "PANEL"]
 
 #: columns of x per shared panel: one 128-byte swizzled row of 16-bit elements
 PANEL = 64
@@ -72,10 +72,23 @@ def _check_schedule(adtype: DType, bm: int, bn: int, bk: int, warpgroups: int,
     vm.static_assert(adtype.nbits == 16, "x must be float16 or bfloat16")
 
 
-def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wtype: DType,
-                group: int, zero_point: bool, bm: int, bn: int, bk: int, warpgroups: int,
-                split: int, stages: int | None, prefetch: int, fused_split: bool) -> None:
-    """The program, for activations of ``adtype`` (float16 or bfloat16)."""
+@vm.program(listing=gemm_listing("bm", "bn", "bk", "warpgroups", "split", "stages",
+                                  "prefetch", "fused_split"))
+def quant_gemm_wgmma(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.dtype_of("adtype")],
+                     w: vm.ptr[vm.uint8], scales: vm.ptr[vm.dtype_of("adtype")],
+                     zeros: vm.ptr[vm.dtype_of("adtype")], y: vm.ptr[vm.dtype_of("adtype")],
+                     ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
+                     adtype: vm.constexpr = vm.float16, wtype: vm.constexpr = vm.int4,
+                     group: int = 128, zero_point: bool = False,
+                     schedule: GemmSchedule = WGMMA_SCHEDULE):
+    """``y[m, n] = x[m, k] @ dequant(w)^T`` on wgmma (sm_90a), ``x``, ``scales``, ``zeros``
+    and ``y`` of ``adtype`` (float16 or bfloat16), split-K as in ``store_result``, on
+    weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`. The schedule's
+    ``bm``, ``bn``, ``bk``, ``warps_m`` (4 x warpgroups), ``split``, ``stages``,
+    ``prefetch`` and ``fused_split`` apply."""
+    s = schedule
+    bm, bn, bk, warpgroups, prefetch = s.bm, s.bn, s.bk, s.warpgroups, s.prefetch
+    split, stages = s.split, s.stages
     _check_schedule(adtype, bm, bn, bk, warpgroups, prefetch, group)
     pl = prefill_layouts(wtype, bn, bk, warpgroups * 128, adtype)
     panels = bk // PANEL
@@ -141,7 +154,7 @@ def _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, adtype: DType, wt
             vm.sync()  # the next copy overwrites x (the pipelined loop needs no such sync)
     vm.free_shared(sx)
     store_result(_rows_of_y(acc, bm, bn, warpgroups), m, n, y, ws, counters, adtype, bm, bn,
-                 split, fused_split)
+                 split, s.fused_split)
 
 
 def _rows_of_y(acc, bm: int, bn: int, warpgroups: int):
@@ -160,33 +173,3 @@ def _rows_of_y(acc, bm: int, bn: int, warpgroups: int):
     out = vm.load_shared(sy, layout, [0, 0], [bm, bn])
     vm.free_shared(sy)
     return out
-
-
-@vm.program
-def quant_gemm_wgmma(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.float16],
-                     w: vm.ptr[vm.uint8], scales: vm.ptr[vm.float16],
-                     zeros: vm.ptr[vm.float16], y: vm.ptr[vm.float16],
-                     ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
-                     wtype: vm.constexpr = vm.int4, group: int = 128,
-                     zero_point: bool = False, bm: int = 256, bn: int = 128, bk: int = 128,
-                     warpgroups: int = 2, split: int = 1, stages: int | None = 3,
-                     prefetch: int = 1, fused_split: bool = True):
-    """float16 ``y[m, n] = x[m, k] @ dequant(w)^T`` on wgmma (sm_90a), split-K as in
-    ``store_result``, on weights repacked by :func:`lowvm.kernels.quant_gemm.repack_weights`."""
-    _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.float16, wtype, group,
-                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split)
-
-
-@vm.program
-def quant_gemm_wgmma_bf16(m: vm.int32, n: vm.int32, k: vm.int32, x: vm.ptr[vm.bfloat16],
-                          w: vm.ptr[vm.uint8], scales: vm.ptr[vm.bfloat16],
-                          zeros: vm.ptr[vm.bfloat16], y: vm.ptr[vm.bfloat16],
-                          ws: vm.ptr[vm.float32], counters: vm.ptr[vm.int32],
-                          wtype: vm.constexpr = vm.int4, group: int = 128,
-                          zero_point: bool = False, bm: int = 256, bn: int = 128,
-                          bk: int = 128, warpgroups: int = 2, split: int = 1,
-                          stages: int | None = 3, prefetch: int = 1,
-                          fused_split: bool = True):
-    """:func:`quant_gemm_wgmma` with bfloat16 activations, scales, zeros and output."""
-    _wgmma_body(m, n, k, x, w, scales, zeros, y, ws, counters, vm.bfloat16, wtype, group,
-                zero_point, bm, bn, bk, warpgroups, split, stages, prefetch, fused_split)

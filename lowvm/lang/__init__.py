@@ -1,14 +1,14 @@
 """The authoring front end: ``import lowvm.lang as vm`` and write ``@vm.program`` functions.
 
 Everything a program needs is here: the decorator, parameter types (``vm.ptr[...]``,
-data types), layouts, and the instruction functions of :mod:`lowvm.lang.ops`.
+``vm.dtype_of``, data types), layouts, and the instruction functions of :mod:`lowvm.lang.ops`.
 """
 
 from lowvm.dtypes import *  # noqa: F403
 from lowvm.lang.builder import Pointer
 from lowvm.lang.ops import *  # noqa: F403
 from lowvm.lang.ops import __all__ as _ops
-from lowvm.lang.program import ProgramTemplate, constexpr, program, ptr
+from lowvm.lang.program import ProgramTemplate, constexpr, dtype_of, program, ptr
 from lowvm.layouts import (
     column_local,
     column_spatial,
@@ -23,7 +23,7 @@ from lowvm.layouts import (
 )
 
 __all__ = [
-    "program", "ProgramTemplate", "ptr", "constexpr", "Pointer",
+    "program", "ProgramTemplate", "ptr", "dtype_of", "constexpr", "Pointer",
     "local", "spatial", "column_local", "column_spatial", "concat", "mma_layouts",
     "shared_row_major", "shared_column_major", "shared_strided", "swizzle_128b",
     *_ops,

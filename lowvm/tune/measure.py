@@ -1,7 +1,7 @@
 """GPU ``measure`` functions for the autotuner, by the benchmark's method.
 
-``cuda_measure(build)`` turns ``build(schedule) -> run`` (compile the kernel with
-``schedule.constants()``, bind its arguments, return a no-argument launcher) into the
+``cuda_measure(build)`` turns ``build(schedule) -> run`` (compile the kernel for the
+schedule, bind its arguments, return a no-argument launcher) into the
 ``measure(schedule) -> seconds`` the :class:`~lowvm.tune.Autotuner` takes: CUDA events,
 warm-up, the L2 flushed before each run, the median of ``runs``.
 ``quant_linear_build(weight, m)`` is that ``build`` for the library: ``quant_linear``

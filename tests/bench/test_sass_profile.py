@@ -21,8 +21,8 @@ def _tool():
 
 def test_the_decode_loop_is_counted_per_vm_instruction():
     tool = _tool()
-    source = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
-        split=8, stages=4).constants())).source
+    source = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(
+        split=8, stages=4))).source
     fast = tool.executed_path(source)
     assert "(k % 8) == 0" in source and "(k % 8) == 0" not in fast
     per_inst, per_op, total = tool.loop_profile(fast, "sm_90")

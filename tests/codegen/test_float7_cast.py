@@ -21,12 +21,7 @@ from lowvm.codegen.fast_cast import pair_span, plan_cast, plan_work, simulate
 from lowvm.driver import generate_cuda
 from lowvm.dtypes import all_dtypes, bfloat16, float16
 from lowvm.kernels.library import fits_float16, quantize_to_codes
-from lowvm.kernels.quant_gemm import (
-    quant_gemm,
-    quant_gemm_bf16,
-    repack_weights,
-    weight_layouts,
-)
+from lowvm.kernels.quant_gemm import quant_gemm, repack_weights, weight_layouts
 from lowvm.kernels.schedules import choose_schedule
 from lowvm.layouts.register import local_permutation
 from tests.codegen.test_fast_cast import (
@@ -108,12 +103,13 @@ def test_interpreter_decode_schedule_matches_float64(wtype):
         s = choose_schedule(m, n, k, 128)
         codes, scales, x, ref = _gemm_inputs(wtype, m, n, k, wtype.nbits + m)
         packed = repack_weights(codes, wtype, s)
-        kernels = [(quant_gemm_bf16, ml_dtypes.bfloat16, 2e-2)]
+        kernels = [(bfloat16, ml_dtypes.bfloat16, 2e-2)]
         if fits_float16(wtype):
-            kernels.append((quant_gemm, np.float16, 2e-3))
-        for program, adt, tol in kernels:
+            kernels.append((float16, np.float16, 2e-3))
+        for adtype, adt, tol in kernels:
             y = np.full((m, n), np.nan, adt)
-            lowvm.interpret(program.build(wtype=wtype, group=128, **s.constants()), m, n, k,
+            lowvm.interpret(quant_gemm.build(adtype=adtype, wtype=wtype, group=128,
+                                             schedule=s), m, n, k,
                             x.astype(np.float16).astype(adt), packed, scales.astype(adt),
                             scales.astype(adt), y, np.zeros((m, n), np.float32),
                             split_k_counters(m, n))
@@ -189,7 +185,7 @@ def test_m1_main_loop_has_no_spills_and_a_bounded_conversion(tmp_path):
     for wtype in [lowvm.int8, *FLOAT7[:-1]]:  # e5m1 does not run with float16
         d = tmp_path / wtype.name
         d.mkdir()
-        source = generate_cuda(quant_gemm.build(wtype=wtype, group=128, **s.constants()))
+        source = generate_cuda(quant_gemm.build(wtype=wtype, group=128, schedule=s))
         (d / "k.cu").write_text(source.source)
         proc = subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", "-std=c++17",
                                "-Xptxas", "-v", "-o", "k.cubin", "k.cu"], cwd=d,

@@ -10,12 +10,7 @@ import pytest
 import torch
 
 import lowvm
-from lowvm.kernels.decode_attention import (
-    decode_attention,
-    decode_attention_bf16,
-    decode_attention_rope,
-    decode_attention_rope_bf16,
-)
+from lowvm.kernels.decode_attention import decode_attention, decode_attention_rope
 from lowvm.nn.serve import attention as attn
 from tests.helpers.greedy import assert_same_greedy_up_to_ties
 
@@ -62,8 +57,9 @@ def test_interpreter_matches_float64(case, bf16):
         ref = _float64_reference(*(a.double().numpy() for a in t), mask, batch, kv_heads,
                                  group, dim, length, scale)
         out = torch.zeros_like(t[0])
-        lowvm.interpret(decode_attention_bf16, batch, length, *t, torch.from_numpy(mask),
-                        out, scale, kv_heads=kv_heads, group=group, head_dim=dim)
+        lowvm.interpret(decode_attention, batch, length, *t, torch.from_numpy(mask),
+                        out, scale, kv_heads=kv_heads, group=group, head_dim=dim,
+                        adtype=lowvm.bfloat16)
         got, tol = out.double().numpy(), 2e-2
     else:
         q, k, v = (a.astype(np.float16) for a in (q, k, v))
@@ -107,17 +103,17 @@ def test_unsupported_constants_are_program_errors(bad, match):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("program,group,dim", [(decode_attention, 4, 128),
-                                               (decode_attention, 8, 64),
-                                               (decode_attention_bf16, 4, 128),
-                                               (decode_attention_rope, 4, 128),
-                                               (decode_attention_rope_bf16, 2, 256)])
-def test_compiles_without_spills(arch, program, group, dim):
+@pytest.mark.parametrize("program,group,dim,adtype", [
+    (decode_attention, 4, 128, lowvm.float16), (decode_attention, 8, 64, lowvm.float16),
+    (decode_attention, 4, 128, lowvm.bfloat16), (decode_attention_rope, 4, 128, lowvm.float16),
+    (decode_attention_rope, 2, 256, lowvm.bfloat16)])
+def test_compiles_without_spills(arch, program, group, dim, adtype):
     from lowvm.driver import generate_cuda
     from lowvm.runtime import resource_usage
 
     stages = 3 if dim <= 128 else 2  # as the op compiles them
-    cuda = generate_cuda(program.build(kv_heads=8, group=group, head_dim=dim, stages=stages))
+    cuda = generate_cuda(program.build(kv_heads=8, group=group, head_dim=dim, stages=stages,
+                                       adtype=adtype))
     for inst in ("cp.async.cg.shared.global", "ldmatrix.sync.aligned.m8n8.x4.trans",
                  "mma.sync.aligned.m16n8k16", "griddepcontrol.wait"):
         assert inst in cuda.source, inst

@@ -172,12 +172,7 @@ def _interpret(wtype: str, group: int, sched: Any, m: int, n: int, k: int, zero_
     of ``group`` (the format of K tile ``sched.bk``); its error against float64."""
     import ml_dtypes
 
-    from lowvm.kernels.quant_gemm import (
-        finish_split,
-        finish_split_bf16,
-        quant_gemm,
-        quant_gemm_bf16,
-    )
+    from lowvm.kernels.quant_gemm import finish_split, quant_gemm
     from lowvm.kernels.weight_format import weight_format
     from tests.helpers.gemm import float64_reference, random_weights, relative_error
 
@@ -190,14 +185,14 @@ def _interpret(wtype: str, group: int, sched: Any, m: int, n: int, k: int, zero_
     y = np.full((m, n), np.nan, adt)
     ws = np.zeros((m, n), np.float32)
     counters = np.zeros(-(-m // sched.rows) * (n // 16), np.int32)
-    program = quant_gemm_bf16 if bf16 else quant_gemm
+    adtype = lowvm.bfloat16 if bf16 else lowvm.float16
     zs = zeros if zero_point else scales
-    lowvm.interpret(program.build(wtype=wt, group=group, zero_point=zero_point,
-                                  **sched.constants()),
+    lowvm.interpret(quant_gemm.build(adtype=adtype, wtype=wt, group=group,
+                                     zero_point=zero_point, schedule=sched),
                     m, n, k, x.astype(adt), packed, scales.astype(adt), zs.astype(adt), y, ws,
                     counters)
     if sched.split > 1 and not sched.fused_split:
-        lowvm.interpret((finish_split_bf16 if bf16 else finish_split).build(), m * n, ws, y)
+        lowvm.interpret(finish_split.build(adtype=adtype), m * n, ws, y)
     assert not ws.any() and not counters.any()
     ref = float64_reference(x, codes, scales, wt, group, zeros if zero_point else None)
     return relative_error(y.astype(np.float32), ref)
@@ -241,7 +236,7 @@ def test_every_planned_program_compiles(recorder, arch, group):
     """Each group size x batch size x weight type x activation type: every program the
     dispatcher compiles for it on ``arch`` compiles to a cubin."""
     programs = _collect(recorder, SHAPES, [group], M_ALL, WTYPES, [arch])
-    kinds = {p.name.removesuffix("_bf16") for _, p, _ in programs.values()}
+    kinds = {p.name for _, p, _ in programs.values()}
     expected = {"quant_gemm"} | ({"quant_gemm_wgmma"} if arch == "sm_90" and
                                  weight_bk(group if group > 0 else 4096, 4096) >= 64
                                  else set())

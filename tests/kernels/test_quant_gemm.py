@@ -23,7 +23,6 @@ from lowvm.kernels.quant_gemm import (
     GemmSchedule,
     finish_split,
     quant_gemm,
-    quant_gemm_bf16,
     repack_weights,
     unpack_repacked,
 )
@@ -46,13 +45,11 @@ def test_repack_round_trips(wtype):
 
 def _interpret_gemm(wtype, sched: GemmSchedule, m: int, seed: int, k: int = 512,
                     zero_point: bool = False, bf16: bool = False) -> float:
-    """Run ``quant_gemm`` (``bf16``: ``quant_gemm_bf16``) with ``sched`` in the
+    """Run ``quant_gemm`` (``bf16``: on bfloat16 activations) with ``sched`` in the
     interpreter on random weights of the library's format (n = 128, group 128) and return
     its error against float64; split-K buffers must come back zeroed (``finish_split``
     runs for unfused schedules)."""
     import ml_dtypes
-
-    from lowvm.kernels.quant_gemm import finish_split_bf16
 
     rng = np.random.default_rng(seed)
     n, g, wt = 128, 128, lowvm.dtype(wtype)
@@ -65,13 +62,13 @@ def _interpret_gemm(wtype, sched: GemmSchedule, m: int, seed: int, k: int = 512,
     y = np.full((m, n), np.nan, adt)
     ws = np.zeros((m, n), np.float32)
     counters = np.zeros(-(-m // sched.rows) * (n // sched.bn), np.int32)
-    program = quant_gemm_bf16 if bf16 else quant_gemm
-    lowvm.interpret(program.build(wtype=wt, group=g, zero_point=zero_point,
-                                  **sched.constants()),
+    adtype = lowvm.bfloat16 if bf16 else lowvm.float16
+    lowvm.interpret(quant_gemm.build(adtype=adtype, wtype=wt, group=g, zero_point=zero_point,
+                                     schedule=sched),
                     m, n, k, x.astype(adt), packed, scales.astype(adt), zeros.astype(adt), y,
                     ws, counters)
     if sched.split > 1 and not sched.fused_split:
-        lowvm.interpret((finish_split_bf16 if bf16 else finish_split).build(), m * n, ws, y)
+        lowvm.interpret(finish_split.build(adtype=adtype), m * n, ws, y)
     # split-K: the last block of each tile (or finish_split) wrote y and left the
     # workspace and the counters cleared
     assert not ws.any() and not counters.any()
@@ -123,8 +120,8 @@ def test_l2_prefetch_of_a_weight_tile_is_one_bulk_prefetch_on_sm90():
     one cp.async.bulk.prefetch.L2 (the per-sector loop stays for older GPUs)."""
     from lowvm.driver import generate_cuda
 
-    src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
-        prefetch=2, x_whole=4096, x_rows=1, l2_ahead=4).constants())).source
+    src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(
+        prefetch=2, x_whole=4096, x_rows=1, l2_ahead=4))).source
     assert src.count("#if __CUDA_ARCH__ >= 900") >= 2
     assert 'cp.async.bulk.prefetch.L2.global [%0], 4096;' in src  # the weight tile
     assert 'cp.async.bulk.prefetch.L2.global [%0], 128;' in src  # its 64 scales
@@ -176,7 +173,7 @@ def test_x_whole_in_the_interpreter(wtype, split, m, prefetch, x_whole, x_rows, 
      "swap_ab .* got 1, 1, 32")])
 def test_x_whole_options_out_of_range_are_named(fields, message):
     with pytest.raises(ProgramError, match=message):
-        quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(**fields).constants())
+        quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(**fields))
 
 
 def test_x_whole_one_row_is_read_with_ldmatrix_and_the_loop_has_no_copy():
@@ -184,8 +181,8 @@ def test_x_whole_one_row_is_read_with_ldmatrix_and_the_loop_has_no_copy():
     same), and the main loop keeps neither cp.async nor a barrier."""
     from lowvm.driver import generate_cuda
 
-    src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
-        split=8, prefetch=2, x_whole=512, x_rows=1).constants())).source
+    src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(
+        split=8, prefetch=2, x_whole=512, x_rows=1))).source
     loop = src[src.index("for (int i"):]
     loop = loop[:loop.index("// %g")]  # up to the result's global views after the loop
     assert "ldmatrix.sync" in loop and "mma.sync" in loop
@@ -293,8 +290,8 @@ def test_swap_ab_halves_the_mmas_of_a_decode_step():
     from lowvm.driver import generate_cuda
 
     def step(swap):
-        src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(
-            prefetch=1, x_whole=512, x_rows=1, swap_ab=swap).constants())).source
+        src = generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(
+            prefetch=1, x_whole=512, x_rows=1, swap_ab=swap))).source
         loop = src[src.index("for (int i"):]
         return loop[:loop.index("// %g")]
 
@@ -341,13 +338,13 @@ def test_a_schedule_whose_x_whole_is_short_of_the_k_range_is_refused():
 
 def test_k_slice_must_divide_the_k_step():
     with pytest.raises(ProgramError, match="k_slice=24 must be a multiple of 16 dividing bk=128"):
-        quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(k_slice=24).constants())
+        quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(k_slice=24))
 
 
 def test_x_steps_must_be_a_multiple_of_prefetch():
     with pytest.raises(ProgramError, match="x_steps=3 must be a multiple of prefetch=2"):
         quant_gemm.build(wtype=lowvm.int4, group=128,
-                         **GemmSchedule(prefetch=2, x_steps=3).constants())
+                         schedule=GemmSchedule(prefetch=2, x_steps=3))
 
 
 @pytest.mark.parametrize("fields,message", [
@@ -360,7 +357,7 @@ def test_x_steps_must_be_a_multiple_of_prefetch():
      r"x_steps must be 0 or 1 and l2_ahead 0, got x_steps=0, l2_ahead=1")])
 def test_schedule_options_out_of_range_are_named(fields, message):
     with pytest.raises(ProgramError, match=message):
-        quant_gemm.build(wtype=lowvm.int4, group=128, **GemmSchedule(**fields).constants())
+        quant_gemm.build(wtype=lowvm.int4, group=128, schedule=GemmSchedule(**fields))
 
 
 def test_unfused_split_k_in_the_interpreter():
@@ -373,7 +370,7 @@ def test_unfused_split_k_in_the_interpreter():
     x = rng.standard_normal((m, k)).astype(np.float16)
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
-    lowvm.interpret(quant_gemm.build(wtype=lowvm.int4, group=g, **sched.constants()),
+    lowvm.interpret(quant_gemm.build(wtype=lowvm.int4, group=g, schedule=sched),
                     m, n, k, x, packed, scales, scales, y, ws, split_k_counters(m, n))
     assert np.isnan(y).all() and ws.any()  # the sums wait in ws for the epilogue
     lowvm.interpret(finish_split.build(), m * n, ws, y)
@@ -395,7 +392,7 @@ def test_narrow_blocks_read_the_format_in_the_interpreter(wtype, bn, split, pref
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
     counters = np.zeros(-(-m // 16) * (n // bn), np.int32)
-    lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, **sched.constants()),
+    lowvm.interpret(quant_gemm.build(wtype=lowvm.dtype(wtype), group=g, schedule=sched),
                     m, n, k, x, packed, scales, scales, y, ws, counters)
     assert not ws.any() and not counters.any()
     assert relative_error(y, float64_reference(x, codes, scales, wtype, g)) < 2e-3
@@ -417,7 +414,7 @@ def test_staged_weights_in_the_interpreter(wtype, split, m, stages, zero_point):
     x = rng.standard_normal((m, k)).astype(np.float16)
     y = np.full((m, n), np.nan, np.float16)
     ws = np.zeros((m, n), np.float32)
-    program = quant_gemm.build(wtype=wt, group=g, zero_point=zero_point, **sched.constants())
+    program = quant_gemm.build(wtype=wt, group=g, zero_point=zero_point, schedule=sched)
     lowvm.interpret(program, m, n, k, x, packed, scales, zeros, y, ws, split_k_counters(m, n))
     assert not ws.any()
     ref = float64_reference(x, codes, scales, wtype, g, zeros if zero_point else None)
@@ -443,7 +440,8 @@ def test_zero_points_and_bfloat16_in_the_interpreter():
     assert relative_error(y, ref) < 2e-3
     bf = ml_dtypes.bfloat16
     yb = np.zeros((m, n), bf)
-    lowvm.interpret(quant_gemm_bf16.build(wtype=lowvm.uint4, group=g, zero_point=True),
+    lowvm.interpret(quant_gemm.build(adtype=lowvm.bfloat16, wtype=lowvm.uint4, group=g,
+                                     zero_point=True),
                     m, n, k, x.astype(bf), packed, scales.astype(bf), zeros.astype(bf), yb,
                     np.zeros((m, n), np.float32), split_k_counters(m, n))
     assert relative_error(yb.astype(np.float64), ref) < 2e-2
@@ -472,6 +470,31 @@ def test_generated_code_uses_the_expected_instructions():
     for needle in ("mma.sync.aligned.m16n8k16", "cp.async.cg.shared.global", "ldmatrix.sync",
                    "uint4", "cp.async.wait_group"):
         assert needle in src, needle
+
+
+def test_one_program_per_activation_type_names_and_lists_its_specialisation():
+    """The bfloat16 build is named ``quant_gemm_bf16``; the schedule is listed field by
+    field (every field but ``wgmma``) after the weight's constants."""
+    from dataclasses import fields
+
+    from lowvm.driver import generate_cuda
+
+    s = GemmSchedule(split=4, prefetch=2, fused_split=False)
+    for adtype, name, c_type in ((lowvm.float16, "quant_gemm", "__half"),
+                                 (lowvm.bfloat16, "quant_gemm_bf16", "__nv_bfloat16")):
+        program = quant_gemm.build(adtype=adtype, wtype=lowvm.int4, group=128, schedule=s)
+        assert program.name == name
+        assert [str(p.type) for p in program.params if p.name in ("x", "scales", "zeros", "y")
+                ] == [f"ptr<{adtype.name}>"] * 4
+        listed = dict(program.constants)
+        assert list(listed) == ["wtype", "group", "zero_point"] + [
+            f.name for f in fields(GemmSchedule) if f.name != "wgmma"]
+        assert (listed["split"], listed["prefetch"], listed["fused_split"]) == (4, 2, False)
+        src = generate_cuda(program).source
+        assert f"// lowvm program {name} [wtype=int4, group=128, zero_point=False, bm=16, " in src
+        assert f"{c_type}* __restrict__ x" in src
+    with pytest.raises(lowvm.ProgramError, match="'schedule' takes a GemmSchedule, got"):
+        quant_gemm.build(schedule=s.__dict__)
 
 
 @pytest.mark.gpu
@@ -636,13 +659,13 @@ def test_interpreter_every_type_group_and_activation_type(wtype):
         ref = float64_reference(x, codes, scales, wtype, group)
         if not np.linalg.norm(ref):
             continue  # e.g. uint1 codes of an all-negative group: nothing to compare
-        kernels = [(quant_gemm_bf16, ml_dtypes.bfloat16, 2e-2)]
+        kernels = [(lowvm.bfloat16, ml_dtypes.bfloat16, 2e-2)]
         if fits_float16(lowvm.dtype(wtype)):  # else the library refuses f16 (tested below)
-            kernels.append((quant_gemm, np.float16, 2e-3))
-        for program, adt, tol in kernels:
+            kernels.append((lowvm.float16, np.float16, 2e-3))
+        for adtype, adt, tol in kernels:
             y = np.zeros((m, n), adt)
-            lowvm.interpret(program.build(wtype=lowvm.dtype(wtype), group=group,
-                                          **sched.constants()),
+            lowvm.interpret(quant_gemm.build(adtype=adtype, wtype=lowvm.dtype(wtype),
+                                             group=group, schedule=sched),
                             m, n, k, x.astype(adt), packed, scales.astype(adt),
                             scales.astype(adt), y, np.zeros((m, n), np.float32),
                             split_k_counters(m, n))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -17,10 +19,10 @@ from lowvm.kernels.quant_gemm_prefill import (
     FORMAT_BN,
     FORMAT_WARPS_N,
     PREFILL_SCHEDULE,
+    PREFILL_SCHEDULE_SM80,
     prefill_layouts,
     prefill_schedule_for,
     quant_gemm_prefill,
-    quant_gemm_prefill_bf16,
 )
 from lowvm.layouts import local_permutation
 from tests.helpers.gemm import float64_reference, random_weights, relative_error, split_k_counters
@@ -74,17 +76,16 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=2):
     packed = repack_weights(codes, wt, FORMAT)
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = float64_reference(x, codes, scales, wt, g, zeros)
-    cast = np.float16
-    program = quant_gemm_prefill
+    cast, adtype = np.float16, lowvm.float16
     if bf16:
         import ml_dtypes
 
-        cast, program = ml_dtypes.bfloat16, quant_gemm_prefill_bf16
+        cast, adtype = ml_dtypes.bfloat16, lowvm.bfloat16
     y = np.full((m, n), np.nan, cast)
     ws = np.zeros((m, n), np.float32)
     zs = scales if zeros is None else zeros
-    lowvm.interpret(program.build(wtype=wt, group=g, zero_point=zero_point,
-                                  **schedule.constants()),
+    lowvm.interpret(quant_gemm_prefill.build(adtype=adtype, wtype=wt, group=g,
+                                             zero_point=zero_point, schedule=schedule),
                     m, n, k, x.astype(cast), packed, scales.astype(cast), zs.astype(cast),
                     y, ws, split_k_counters(m, n))
     if schedule.split > 1:  # the last block of each tile left the workspace cleared
@@ -127,7 +128,8 @@ def test_group_64_uses_bk_64():
     packed = repack_weights(codes, "int4", GemmSchedule(bk=64))  # prepare_weight's format
     x = rng.standard_normal((m, k)).astype(np.float16)
     y = np.full((m, n), np.nan, np.float16)
-    lowvm.interpret(quant_gemm_prefill.build(wtype=lowvm.int4, group=g, bk=64),
+    lowvm.interpret(quant_gemm_prefill.build(wtype=lowvm.int4, group=g,
+                                             schedule=replace(PREFILL_SCHEDULE_SM80, bk=64)),
                     m, n, k, x, packed, scales, scales, y, np.zeros((m, n), np.float32),
                     split_k_counters(m, n))
     assert relative_error(y, float64_reference(x, codes, scales, "int4", g)) < 2e-3
@@ -178,7 +180,7 @@ def test_compiles_without_spills(arch, wtype, sched):
 
     s = prefill_schedule_for(arch) if sched == "default" else SCHEDULES[sched]
     cuda = generate_cuda(quant_gemm_prefill.build(wtype=lowvm.dtype(wtype), group=128,
-                                                  **s.constants()))
+                                                  schedule=s))
     for needle in ("mma.sync.aligned.m16n8k16", "ldmatrix.sync", "cp.async.cg.shared.global",
                    "cp.async.wait_group"):
         assert needle in cuda.source, needle

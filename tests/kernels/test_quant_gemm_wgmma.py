@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import lowvm
 from lowvm.driver import generate_cuda
 from lowvm.kernels.quant_gemm import GemmSchedule, repack_weights
-from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE, quant_gemm_wgmma, quant_gemm_wgmma_bf16
+from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE, quant_gemm_wgmma
 from lowvm.passes import run_passes
 from lowvm.passes.instruction_selection import WgmmaPlan
 from tests.helpers.gemm import float64_reference, random_weights, relative_error, split_k_counters
@@ -40,17 +41,18 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
     packed = repack_weights(codes, wt, GemmSchedule(bk=min(128, g)))
     x = rng.standard_normal((m, k)).astype(np.float16)
     ref = float64_reference(x, codes, scales, wt, g, zeros)
-    cast, program = np.float16, quant_gemm_wgmma
+    cast, adtype = np.float16, lowvm.float16
     if bf16:
         import ml_dtypes
 
-        cast, program = ml_dtypes.bfloat16, quant_gemm_wgmma_bf16
+        cast, adtype = ml_dtypes.bfloat16, lowvm.bfloat16
     zs = scales if zeros is None else zeros
-    consts = dict(wtype=wt, group=g, zero_point=zero_point, **schedule.wgmma_constants())
+    consts = dict(adtype=adtype, wtype=wt, group=g, zero_point=zero_point, schedule=schedule)
     args = (x.astype(cast), packed, scales.astype(cast), zs.astype(cast))
     y = np.full((m, n), np.nan, cast)
     ws = np.zeros((m, n), np.float32)
-    lowvm.interpret(program.build(**consts), m, n, k, *args, y, ws, split_k_counters(m, n))
+    lowvm.interpret(quant_gemm_wgmma.build(**consts), m, n, k, *args, y, ws,
+                    split_k_counters(m, n))
     if schedule.split > 1:
         assert not ws.any()
     if not gpu:
@@ -62,9 +64,9 @@ def _run(wtype, m, schedule, zero_point=False, bf16=False, seed=3, n=256, k=512,
          for a in args]
     t = [a.to("cuda", dt) if a.dtype != torch.uint8 else a.cuda() for a in t]
     out = torch.empty((m, n), dtype=dt, device="cuda")
-    lowvm.compile(program, **consts)(m, n, k, *t, out,
-                                     torch.zeros((m, n), dtype=torch.float32, device="cuda"),
-                                     torch.from_numpy(split_k_counters(m, n)).cuda())
+    lowvm.compile(quant_gemm_wgmma, **consts)(
+        m, n, k, *t, out, torch.zeros((m, n), dtype=torch.float32, device="cuda"),
+        torch.from_numpy(split_k_counters(m, n)).cuda())
     torch.cuda.synchronize()
     return y, ref, out.float().cpu().numpy()
 
@@ -100,7 +102,7 @@ def test_zero_points_bfloat16_and_group_64_in_the_interpreter():
 
 @pytest.mark.parametrize("sched", sorted(SCHEDULES))
 def test_every_dot_is_a_wgmma(sched):
-    consts = dict(wtype=lowvm.int4, group=128, **SCHEDULES[sched].wgmma_constants())
+    consts = dict(wtype=lowvm.int4, group=128, schedule=SCHEDULES[sched])
     program = run_passes(quant_gemm_wgmma.build(**consts))
     impls = [i.impl for i in program.instructions() if i.mnemonic == "dot_shared"]
     assert impls and all(isinstance(p, WgmmaPlan) for p in impls)
@@ -115,17 +117,18 @@ def test_ptxas_sm90a_without_spills(wtype, sched):
     from lowvm.runtime import resource_usage
 
     cuda = generate_cuda(quant_gemm_wgmma.build(wtype=lowvm.dtype(wtype), group=128,
-                                                **SCHEDULES[sched].wgmma_constants()))
+                                                schedule=SCHEDULES[sched]))
     usage = resource_usage(cuda.source, "sm_90a")[cuda.kernel_name]
     assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
 
 
 #: the library's four kinds of wgmma schedule (choose_wgmma_schedule)
-LIBRARY_KINDS = {"256-row x tiles": dict(),
-                 "narrow": dict(bm=64, bn=64, warpgroups=1, stages=2, prefetch=2),
-                 "32-row x tiles, split": dict(bm=32, split=2, prefetch=2),
-                 "16-row x tiles, decode": dict(bm=16, bn=64, warpgroups=1, split=4,
-                                                stages=2, prefetch=2)}
+LIBRARY_KINDS = {"256-row x tiles": WGMMA_SCHEDULE,
+                 "narrow": replace(WGMMA_SCHEDULE, bm=64, bn=64, warps_m=4, stages=2,
+                                   prefetch=2),
+                 "32-row x tiles, split": replace(WGMMA_SCHEDULE, bm=32, split=2, prefetch=2),
+                 "16-row x tiles, decode": replace(WGMMA_SCHEDULE, bm=16, bn=64, warps_m=4,
+                                                   split=4, stages=2, prefetch=2)}
 
 
 @pytest.mark.slow
@@ -136,7 +139,7 @@ def test_library_kinds_compile_without_spills_for_every_width(kind, wtype):
     from lowvm.runtime import resource_usage
 
     cuda = generate_cuda(quant_gemm_wgmma.build(wtype=lowvm.dtype(wtype), group=128,
-                                                **LIBRARY_KINDS[kind]))
+                                                schedule=LIBRARY_KINDS[kind]))
     usage = resource_usage(cuda.source, "sm_90a")[cuda.kernel_name]
     assert usage["spill_store_bytes"] == 0 and usage["spill_load_bytes"] == 0, usage
 

@@ -29,7 +29,7 @@ from lowvm.tune.space import SHARED_LIMIT, format_bk, shared_bytes
 
 def _build(s: GemmSchedule, group: int) -> None:
     """Trace and generate CUDA for ``s`` (CPU only): what quant_linear compiles."""
-    generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=group, **s.constants()))
+    generate_cuda(quant_gemm.build(wtype=lowvm.int4, group=group, schedule=s))
 
 
 @pytest.mark.slow

@@ -133,14 +133,15 @@ def _compiled(dtype: torch.dtype, kv_heads: int, group: int, head_dim: int,
     key = (dtype, kv_heads, group, head_dim, rope)
     if key not in _PROGRAMS:
         from lowvm.driver import compile as compile_program
+        from lowvm.dtypes import dtype as as_dtype
         from lowvm.kernels import decode_attention as programs
 
-        name = "decode_attention" + ("_rope" if rope else "")
-        program = getattr(programs, name + ("" if dtype == torch.float16 else "_bf16"))
+        program = programs.decode_attention_rope if rope else programs.decode_attention
         # 3 K/V tiles in flight measured 2-7 % faster than 2 (head_dim 128); 256-wide
         # heads keep 2 (3 would need 197 KB of shared memory, more than an A100 has)
-        _PROGRAMS[key] = compile_program(program, kv_heads=kv_heads, group=group,
-                                         head_dim=head_dim, stages=3 if head_dim <= 128 else 2)
+        _PROGRAMS[key] = compile_program(program, adtype=as_dtype(dtype), kv_heads=kv_heads,
+                                         group=group, head_dim=head_dim,
+                                         stages=3 if head_dim <= 128 else 2)
     return _PROGRAMS[key]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lowvm
-from lowvm.kernels.quant_gemm import quant_gemm
+from lowvm.kernels.quant_gemm import GemmSchedule, quant_gemm
 from lowvm.nn.layer import backend
 from lowvm.nn.layer.quant_linear import QuantLinear
 from tests.helpers.models import tiny_llama
@@ -56,8 +56,9 @@ def _interpreted_library(x, weight, schedule=None):
     m, n, k = x.shape[0], weight.n, weight.k
     out = np.zeros((m, n), np.float16)
     zeros = weight.scales if weight.zeros is None else weight.zeros
-    program = quant_gemm.build(wtype=weight.wtype, group=weight.group, bk=weight.bk,
-                               zero_point=weight.zeros is not None)
+    program = quant_gemm.build(wtype=weight.wtype, group=weight.group,
+                               zero_point=weight.zeros is not None,
+                               schedule=GemmSchedule(bk=weight.bk))
     lowvm.interpret(program, m, n, k, x.numpy(), weight.packed.numpy(),
                     weight.scales.numpy(), zeros.numpy(), out, np.zeros((m, n), np.float32),
                     np.zeros(-(-m // 16) * (n // 64), np.int32))
@@ -86,5 +87,6 @@ def test_kernel_builds_for_every_group_the_checks_accept(group):
     from lowvm.kernels.library import weight_bk
 
     assert backend.shape_problem(256, 64, group) is None
-    program = quant_gemm.build(wtype=lowvm.int3, group=group, bk=weight_bk(group, 256))
+    program = quant_gemm.build(wtype=lowvm.int3, group=group,
+                               schedule=GemmSchedule(bk=weight_bk(group, 256)))
     assert program is not None
