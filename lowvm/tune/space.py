@@ -1,12 +1,11 @@
 """The schedules the library can run for one problem: its built-in choice and variants.
 
-The generic :func:`~lowvm.tune.schedule.schedule_space` describes tilings of a GEMM in
-general; most of them cannot read the library's repacked weights (the format fixes
-``bk`` and a 64-wide N tile read by 4 warps, or 1-2 of those warps' rows) and it has
-no name for what makes the library's decode kernel fast (x held whole in shared memory,
-register prefetch depth, K slices). A tuner searching it can only find schedules worse
-than :func:`~lowvm.kernels.schedules.choose_schedule` at decode. So the space searched for
-the library starts at that choice and varies what ``quant_gemm`` takes, keeping only
+Most tilings of a GEMM cannot read the library's repacked weights (the format fixes
+``bk`` and a 64-wide N tile read by 4 warps, or 1-2 of those warps' rows), and a generic
+tiling has no name for what makes the library's decode kernel fast (x held whole in
+shared memory, register prefetch depth, K slices). So the space searched for the library
+starts at :func:`~lowvm.kernels.schedules.choose_schedule`'s choice and varies what
+``quant_gemm`` takes, keeping only
 schedules that pass the checks the library applies before it compiles one
 (:func:`runnable_reason`: ``schedules.plan_refusal``, ``quant_gemm``'s static asserts
 and the compiler's shared-memory limit), so every candidate measured is one
@@ -31,7 +30,7 @@ from lowvm.kernels.schedules import (
 )
 from lowvm.kernels.weights import WEIGHT_BN, WEIGHT_WARPS_N, weight_bk
 from lowvm.tune.errors import TuneError
-from lowvm.tune.schedule import Problem
+from lowvm.tune.problem import Problem
 
 __all__ = ["SPLITS", "PREFETCHES", "STAGES", "K_SLICES", "SHARED_LIMIT", "format_bk",
            "builtin_schedule", "runnable_reason", "shared_bytes", "library_space",

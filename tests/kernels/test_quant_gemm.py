@@ -712,8 +712,8 @@ def test_the_library_uses_a_tuned_schedule_from_the_tuning_cache(tmp_path, monke
     when the weight's format can run it, and falls back to choose_schedule otherwise."""
     import torch
 
-    from lowvm.tune import Schedule, TuneCache, lookup
-    from lowvm.tune.cache import TuneKey
+    from lowvm.tune import TuneCache, lookup
+    from lowvm.tune.cache import TuneKey, schedule_to_json
 
     monkeypatch.setattr(lookup, "_device_name", lambda device: "Test GPU")
     rng = np.random.default_rng(13)
@@ -722,16 +722,14 @@ def test_the_library_uses_a_tuned_schedule_from_the_tuning_cache(tmp_path, monke
     qw = prepare_weight(codes, scales, "int4", g, device="cpu")
     cache = TuneCache(tmp_path / "tune.json")
     assert lookup.tuned_schedule(1, qw, cache) is None  # nothing tuned yet
-    tuned = Schedule(16, 64, 128, 1, 4, stages=3, split_k=2)
+    tuned = GemmSchedule(stages=3, split=2)
     cache.put(TuneKey.for_problem("Test GPU", "int4", g, n, k, 1),
-              {"schedule": tuned.constants(), "seconds": 1e-5})
-    s = lookup.tuned_schedule(1, qw, cache)
-    assert (s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split, s.stages) == (16, 64, 128, 1, 4,
-                                                                           2, 3)
+              {**schedule_to_json(tuned), "seconds": 1e-5})
+    assert lookup.tuned_schedule(1, qw, cache) == tuned
     assert lookup.tuned_schedule(1, qw, TuneCache(tmp_path / "other.json")) is None
     # a pick the repacked format cannot run (bn = 128) is ignored
     cache.put(TuneKey.for_problem("Test GPU", "int4", g, n, k, 1),
-              {"schedule": Schedule(16, 128, 128, 1, 4).constants(), "seconds": 1e-5})
+              {**schedule_to_json(GemmSchedule(bn=128)), "seconds": 1e-5})
     assert lookup.tuned_schedule(1, qw, cache) is None
     # an unreadable cache: one warning, then the built-in schedules
     bad = tmp_path / "bad.json"
