@@ -99,8 +99,8 @@ def test_runnable_reason_rejects_what_quant_linear_rejects():
     assert "format" in why(bn=32, warps_n=1)
     assert "x_whole" in runnable_reason(GemmSchedule(x_whole=512, x_rows=1), 1, 64, 1024,
                                         128)
-    assert "x_rows" in why(x_rows=1)
-    assert "k_slice" in why(k_slice=24)
+    assert "l2_ahead" in runnable_reason(GemmSchedule(x_whole=256, x_rows=1, l2_ahead=1), 1,
+                                         64, 256, 128)
     assert "shared memory" in why(bm=128, warps_m=4, stages=4, prefetch=2)
 
 
@@ -211,19 +211,25 @@ def test_wgmma_space_varies_the_builtin_choice(monkeypatch):
 
 
 def test_wgmma_refusal_names_the_value():
+    from dataclasses import replace
+
     from lowvm.kernels.gemm_schedule import GemmSchedule
     from lowvm.kernels.library import wgmma_refusal
 
     ok = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, split=2, stages=3,
                       prefetch=1, wgmma=True)
     assert wgmma_refusal(ok, 4096, 4096, 128) is None
-    cases = [(dict(bm=100), "bm=100"), (dict(bn=96), "bn=96"), (dict(warps_n=2), "warps_n=2"),
-             (dict(split=3), "split x prefetch"), (dict(x_whole=512), "x_whole"),
+    cases = [(dict(split=3), "split x prefetch"), (dict(bn=256), "N=4224"),
              (dict(bm=256, stages=4, prefetch=2), "shared memory"), (dict(bk=64), "bk=64")]
     for change, needle in cases:
-        from dataclasses import replace
-
-        reason = wgmma_refusal(replace(ok, **change), 4096, 4096, 128)
+        reason = wgmma_refusal(replace(ok, **change), 4224, 4096, 128)
+        assert reason is not None and needle in reason, (change, reason)
+    # a schedule not marked wgmma=True meets the kernel's field rules here
+    unmarked = replace(ok, wgmma=False)
+    assert wgmma_refusal(unmarked, 4096, 4096, 128) is None
+    for change, needle in [(dict(bm=100), "bm=100"), (dict(warps_n=2), "warps_m=8"),
+                           (dict(x_whole=512, stages=None), "x_whole=512")]:
+        reason = wgmma_refusal(replace(unmarked, **change), 4096, 4096, 128)
         assert reason is not None and needle in reason, (change, reason)
 
 
@@ -235,18 +241,3 @@ def test_a_wgmma_schedule_is_not_a_quant_gemm_one():
 
     s = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
     assert "wgmma schedule" in plan_refusal(s, 4096, 128)
-
-
-def test_swap_ab_is_refused_without_one_held_row_of_x():
-    """swap_ab computes y^T one row of x at a time: plan_refusal (so quant_linear and the
-    tuner) names it with x_rows, warps_m and k_slice when they do not allow that."""
-    from lowvm.kernels.gemm_schedule import GemmSchedule
-    from lowvm.kernels.library import plan_refusal
-
-    ok = GemmSchedule(x_whole=4096, x_rows=1, swap_ab=True)
-    assert plan_refusal(ok, 4096, 128) is None
-    for bad, shown in ((dataclasses.replace(ok, x_rows=0), "x_rows=0"),
-                       (dataclasses.replace(ok, bm=32, warps_m=2), "warps_m=2"),
-                       (dataclasses.replace(ok, k_slice=32), "k_slice=32")):
-        reason = plan_refusal(bad, 4096, 128)
-        assert reason and "swap_ab" in reason and shown in reason, reason

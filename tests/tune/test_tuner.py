@@ -385,6 +385,7 @@ def test_malformed_entries_of_the_first_format_name_what_is_accepted(tmp_path, o
     ({"bm": 16, "x_whole": "512"}, "x_whole='512'"),
     ({"bm": 16, "swizzle": 1}, "unknown fields"),
     ({"bm": 16, "stages": 2.5}, "stages=2.5"),
+    ({"bm": 16, "swap_ab": True}, "swap_ab=True"),                # fields no kernel runs
 ])
 def test_malformed_entries_are_errors_for_the_tuner_and_ignored_by_the_library(
         tmp_path, monkeypatch, schedule, needle):
