@@ -336,6 +336,17 @@ def _plan_int8_bf16(b: _Builder) -> None:
         b.store(lanes, l0, pair)
 
 
+def _scale_and_specials(b: _Builder, x: str) -> str:
+    """A placed small-float pattern -> the value: the multiply by the bias difference,
+    then the destination's exponent bits where the source code is inf/NaN."""
+    rec = b.rec
+    r = b.op("hmul2", (x,), (rec.scale,)) if rec.scale else x
+    if rec.special_max:
+        over = b.op("hgt_mask", (r,), (rec.special_max,))
+        r = b.op("lop3", (over, rec.special_bits, r), (LOP3_AND_OR,))
+    return r
+
+
 def _float_finish(b: _Builder, z: str, clean: bool) -> str:
     """Codes at lane bit ``offset`` of ``z`` -> the value in the destination format."""
     rec = b.rec
@@ -345,11 +356,7 @@ def _float_finish(b: _Builder, z: str, clean: bool) -> str:
         mag = b.op("shr", (z,), (rec.shift,))
         mag = b.op("lop3", (mag, rec.mag_mask, 0), (LOP3_AND,))
         x = b.op("lop3", (z, rec.sign_mask, mag), (LOP3_AND_OR,))
-    r = b.op("hmul2", (x,), (rec.scale,)) if rec.scale else x
-    if rec.special_max:
-        over = b.op("hgt_mask", (r,), (rec.special_max,))
-        r = b.op("lop3", (over, rec.special_bits, r), (LOP3_AND_OR,))
-    return r
+    return _scale_and_specials(b, x)
 
 
 def _lane_tops(j: int) -> int:
@@ -396,11 +403,7 @@ def _float_at(b: _Builder, cache: dict[tuple[str, int], str], word: str, p: int)
     mag = _shifted(b, cache, word, rec.offset - rec.shift - p)
     mag = b.op("lop3", (mag, rec.mag_mask, 0), (LOP3_AND,))
     x = b.op("lop3", (sign, rec.sign_mask, mag), (LOP3_AND_OR,))
-    r = b.op("hmul2", (x,), (rec.scale,)) if rec.scale else x
-    if rec.special_max:
-        over = b.op("hgt_mask", (r,), (rec.special_max,))
-        r = b.op("lop3", (over, rec.special_bits, r), (LOP3_AND_OR,))
-    return r
+    return _scale_and_specials(b, x)
 
 
 def _plan_float_matched(b: _Builder, perm: np.ndarray) -> None:
