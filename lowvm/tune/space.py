@@ -5,11 +5,10 @@ Most tilings of a GEMM cannot read the library's repacked weights (the format fi
 tiling has no name for what makes the library's decode kernel fast (x held whole in
 shared memory, register prefetch depth, K slices). So the space searched for the library
 starts at :func:`~lowvm.kernels.schedules.choose_schedule`'s choice and varies what
-``quant_gemm`` takes, keeping only
-schedules that pass the checks the library applies before it compiles one
-(:func:`runnable_reason`: ``schedules.plan_refusal``, ``quant_gemm``'s static asserts
-and the compiler's shared-memory limit), so every candidate measured is one
-``quant_linear`` would accept.
+``quant_gemm`` takes, keeping only schedules that pass the checks the library applies
+before it compiles one (:func:`runnable_reason`: ``schedules.plan_refusal``,
+``quant_gemm``'s static asserts and the compiler's shared-memory limit), so every
+candidate measured is one ``quant_linear`` would accept.
 """
 
 from __future__ import annotations
@@ -118,8 +117,8 @@ def runnable_reason(s: GemmSchedule, m: int, n: int, k: int, bk: int) -> str | N
         return f"bm={s.bm} is not a multiple of 16 x warps_m={s.warps_m}"
     if k % s.bk:
         return f"bk={s.bk} does not divide K={k}"
-    if s.x_whole and s.l2_ahead:  # runs, but the space and the model leave it out
-        return "x_whole takes no l2_ahead here"
+    if s.x_whole and s.l2_ahead:  # quant_gemm runs it; l2_ahead measured slower
+        return f"x_whole with l2_ahead={s.l2_ahead}: the tuner leaves the pair out"
     if shared_bytes(s) > SHARED_LIMIT:
         return (f"needs {shared_bytes(s)} bytes of shared memory per block, over the "
                 f"{SHARED_LIMIT} the compiler accepts")
