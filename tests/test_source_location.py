@@ -113,20 +113,20 @@ def test_quant_linear_error_names_the_callers_line(monkeypatch):
     custom op, the backend, the dispatcher, the program build) fails to build a schedule
     the kernel refuses: the ProgramError names this file's line, not torch's."""
     layer = lowvm.QuantLinear(256, 128, dtype="int4", group_size=16)
-    # the CPU call takes the kernel path of a GPU of sm_80, with a K slice (32) deeper
-    # than the K step (16) the weight's groups give: quant_gemm's build refuses it
+    # the CPU call takes the kernel path of a GPU of sm_80, with x staged 4 deep in
+    # copies of 16 K steps (256 KB of shared memory): quant_gemm's build refuses it
     monkeypatch.setattr(backend, "reference_quant_linear", backend.cuda_quant_linear)
     monkeypatch.setattr(dispatch, "_device_arch", lambda device: "sm_80")
     monkeypatch.setattr(dispatch, "_SM90", {})
     monkeypatch.setattr(dispatch, "_PLANS", {})
     monkeypatch.setattr(dispatch, "_tuned", lambda m, weight: None)
-    bad = GemmSchedule(bm=64, bn=64, bk=16, warps_m=1, warps_n=4, split=1, stages=2,
-                       prefetch=1, fused_split=False, k_slice=32)
+    bad = GemmSchedule(bm=128, bn=64, bk=16, warps_m=4, warps_n=4, split=1, stages=4,
+                       prefetch=1, fused_split=False, x_steps=16)
     monkeypatch.setattr(dispatch, "choose_schedule", lambda *args, **kwargs: bad)
     x = torch.zeros(40, 256, dtype=torch.float16)
     with pytest.raises(ProgramError) as e:
         layer(x)  # <- quant linear
     message = str(e.value)
     assert _names_line(message, "quant linear"), message
-    assert "k_slice=32" in message
+    assert "over the limit" in message
     assert "custom_ops.py" not in message and "torch" not in message.splitlines()[0]

@@ -8,7 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["GemmSchedule", "with_fields", "gemm_listing"]
+from lowvm.errors import LowvmError
+
+__all__ = ["GemmSchedule", "ScheduleError", "with_fields", "gemm_listing"]
+
+
+class ScheduleError(LowvmError, ValueError):
+    """A :class:`GemmSchedule` whose fields no kernel runs together."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,70 @@ class GemmSchedule:
     #: of x by ``bn`` weight rows on ``warps_m`` = 4 x warpgroups warps (``warps_n`` = 1);
     #: ``split``, ``stages`` and ``prefetch`` as above, no other option
     wgmma: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse the combinations of fields no kernel runs, naming the field, its value
+        and what is accepted: the one place these rules live (what also depends on the
+        weight, K or N is asked of ``schedules.plan_refusal`` / ``wgmma_refusal``)."""
+        for name in ("bm", "bn", "bk", "warps_m", "warps_n", "split", "prefetch",
+                     "min_blocks"):
+            if getattr(self, name) < 1:
+                self._refuse(name, "accepted: an integer >= 1")
+        for name in ("x_steps", "l2_ahead", "k_slice", "x_whole", "x_rows"):
+            if getattr(self, name) < 0:
+                self._refuse(name, "accepted: 0 (off) or a positive integer")
+        if self.stages is not None and self.stages < 1:
+            self._refuse("stages", "accepted: None (x copied and waited for) or >= 1")
+        if self.wgmma:
+            self._check_wgmma()
+            return
+        if self.k_slice and (self.k_slice % 16 or self.bk % self.k_slice):
+            self._refuse("k_slice", f"accepted: 0 (the whole step) or a multiple of 16 "
+                                    f"dividing bk={self.bk}")
+        if self.x_steps % self.prefetch:
+            self._refuse("x_steps", f"accepted: 0 or a multiple of prefetch={self.prefetch}")
+        if self.x_rows not in (0, 1, self.bm) or (self.x_rows == 1 and not self.x_whole):
+            self._refuse("x_rows", f"accepted: 0 or bm={self.bm}, or 1 with x_whole (one "
+                                   f"row of x held whole), got x_whole={self.x_whole}")
+        if self.x_whole % self.bk:
+            self._refuse("x_whole", f"accepted: 0 or a multiple of bk={self.bk}")
+        if self.x_whole and (self.weights_shared or self.x_steps or self.stages):
+            self._refuse("x_whole", f"x held whole takes no weights_shared, x_steps or "
+                                    f"stages; got {self.weights_shared}, {self.x_steps}, "
+                                    f"{self.stages}")
+        if self.weights_shared and (self.prefetch != 1 or self.x_steps > 1 or self.l2_ahead):
+            self._refuse("weights_shared", f"staged weights take prefetch=1, x_steps 0 or "
+                                           f"1 and l2_ahead=0; got {self.prefetch}, "
+                                           f"{self.x_steps}, {self.l2_ahead}")
+        if self.swap_ab and not (self.x_rows == 1 and self.warps_m == 1
+                                 and not self.k_slice):
+            self._refuse("swap_ab", f"y^T is computed one row of x at a time: accepted "
+                                    f"with x_rows=1, warps_m=1 and k_slice=0, got "
+                                    f"x_rows={self.x_rows}, warps_m={self.warps_m}, "
+                                    f"k_slice={self.k_slice}")
+
+    def _check_wgmma(self) -> None:
+        """The wgmma kernel's own rules (``warps_m`` = 4 x warpgroups, ``warps_n`` = 1)."""
+        if self.warps_n != 1 or self.warps_m not in (4, 8):
+            self._refuse("warps_m", f"the wgmma GEMM takes warps_m = 4 x warpgroups (4 or "
+                                    f"8) and warps_n=1, got warps_n={self.warps_n}")
+        if self.bm % 8 or not 8 <= self.bm <= 256:
+            self._refuse("bm", "the wgmma GEMM takes a multiple of 8 in 8..256 rows of x")
+        if self.bn % (16 * self.warps_m):
+            self._refuse("bn", f"the wgmma GEMM takes a multiple of 64 x warpgroups "
+                               f"({16 * self.warps_m}) weight rows")
+        if self.bk not in (64, 128):
+            self._refuse("bk", "the wgmma GEMM takes K tiles of 64 or 128 (group >= 64)")
+        others = [f"{name}={getattr(self, name)!r}" for name in
+                  ("weights_shared", "x_steps", "l2_ahead", "k_slice", "x_whole", "x_rows",
+                   "swap_ab") if getattr(self, name)]
+        if others or self.min_blocks != 1:
+            self._refuse("wgmma", "the wgmma GEMM takes no weights_shared, min_blocks, "
+                                  "x_steps, l2_ahead, k_slice, x_whole, x_rows or swap_ab; "
+                                  f"got {', '.join(others or [f'min_blocks={self.min_blocks}'])}")
+
+    def _refuse(self, name: str, accepted: str) -> None:
+        raise ScheduleError(f"GemmSchedule {name}={getattr(self, name)!r}: {accepted}")
 
     def resplit(self, k: int, **fields: object) -> GemmSchedule:
         """This schedule with ``fields`` replaced, for K = ``k``: an ``x_whole`` one keeps

@@ -80,7 +80,7 @@ from lowvm.layouts import (
     swizzle_128b,
 )
 from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
-from lowvm.passes.software_pipeline import staged_layout
+from lowvm.layouts.shared import staged_layout
 
 # the schedule and the weight format live in their own modules; their names stay
 # importable from here, where the program that uses them is

@@ -33,7 +33,6 @@ import functools
 from dataclasses import dataclass
 
 import lowvm.lang as vm
-from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType
 from lowvm.expr import minimum
 from lowvm.ir import ProgramError
@@ -50,6 +49,7 @@ from lowvm.layouts import (
     split_pairs,
     swizzle_128b,
 )
+from lowvm.layouts.cast_recipe import pair_span
 from lowvm.layouts.mma_tiling import block_mma_layouts
 
 __all__ = ["quant_gemm_prefill", "PrefillLayouts",

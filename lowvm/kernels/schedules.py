@@ -5,8 +5,10 @@ tiles), :func:`choose_prefill_schedule` with :func:`prefill_split` (``quant_gemm
 for large M) and :func:`choose_wgmma_schedule` with :func:`runs_wgmma` (sm_90's wgmma
 kernel) pick a :class:`~lowvm.kernels.gemm_schedule.GemmSchedule` from the problem's
 shape; :func:`plan_refusal` and :func:`wgmma_refusal` say why a given schedule cannot run
-on a weight. Every hand-tuned threshold is a field of :data:`THRESHOLDS`, with what was
-measured on the H100 to set it (re-measured by ``python -m lowvm.bench schedules``).
+on a weight. ``quant_gemm``'s choice is data: an ordered table of rules
+(:data:`SCHEDULE_RULES`), each with its reason and the results file that shows it. Every
+hand-tuned threshold is a field of :data:`THRESHOLDS`. The measurements behind both are in
+docs/performance.md ("Schedule choices"), each with the command that re-measures it.
 """
 
 from __future__ import annotations
@@ -14,92 +16,59 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from lowvm.dtypes import DType
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LowvmError
-from lowvm.kernels.gemm_schedule import GemmSchedule
+from lowvm.kernels.gemm_schedule import GemmSchedule, ScheduleError
 from lowvm.kernels.weights import WEIGHT_BN, WEIGHT_WARPS_N
 
 __all__ = ["ScheduleThresholds", "THRESHOLDS", "NUM_SMS_DEFAULT", "PREFILL_KERNEL",
-           "X_WHOLE_BYTES", "choose_schedule", "choose_prefill_schedule", "prefill_split",
+           "X_WHOLE_BYTES", "GemmShape", "ScheduleRule", "SCHEDULE_RULES", "schedule_rule",
+           "choose_schedule", "choose_prefill_schedule", "prefill_split",
            "choose_wgmma_schedule", "runs_wgmma", "plan_refusal", "wgmma_refusal"]
 
 
 @dataclass(frozen=True)
 class ScheduleThresholds:
-    """The hand-tuned thresholds of the built-in schedule choice, each fitted to H100
-    sweeps of the Llama shapes (``python -m lowvm.bench schedules`` re-measures them).
-
-    The current evidence for the decode choices at M = 4, 8 and 16 (int4; each chosen
-    schedule against its 16 nearest neighbours in the library space, in CUDA graphs, with
-    split-K sums added by vector reductions) is
-    ``benchmarks/results/2026-11-27/schedules/nvidia-h100-80gb-hbm3.json``. It moved two
-    rules: streamed x is pipelined two stages deep where it was copied and waited for
-    every iteration (8192 x 10240 M = 16: 27.8 -> 27.1 us; 4096 x 28672 M = 4: 28.8 ->
-    27.5), and 2 <= M <= 8 no longer hold 16 rows of x whole (4096 x 6144 M = 8: 10.6 ->
-    9.7 us, streamed). The prefill
-    thresholds' figures are re-measured by ``python -m lowvm.bench gemm-prefill``
-    (``benchmarks/results/2026-11-27/gemm-prefill/``)."""
+    """The hand-tuned thresholds of the built-in choice of kernel and schedule, fitted to
+    H100 sweeps of the Llama shapes; what was measured to set each, and the command that
+    re-measures it, is in docs/performance.md ("Schedule choices")."""
 
     #: SMs the schedules are sized for (the H100 SXM's 132)
     num_sms: int = 132
     #: which kernel ``quant_linear`` runs for large M (``prefill_split``) without a
-    #: schedule: "quant_gemm_prefill" (measured 1.4-1.6x faster there on the H100) or
-    #: "quant_gemm" (`python -m lowvm.bench schedules`)
+    #: schedule: "quant_gemm_prefill" (measured faster there) or "quant_gemm"
     prefill_kernel: str = "quant_gemm_prefill"
-    #: ... when its 256 x 128 tiles give at least this many blocks: with fewer (M = 256 on
-    #: N = 4096, 6144 or 8192) it measured slower than quant_gemm's smaller tiles (e.g.
-    #: 14336 x 4096, M = 256: 404 vs 191 us), with 80 (8192 x 10240) faster (237 vs 283)
-    #: (`python -m lowvm.bench schedules`)
+    #: ... when its 256 x 128 tiles give at least this many blocks (with fewer,
+    #: quant_gemm's smaller tiles measured faster)
     prefill_min_blocks: int = 80
-    #: ... and only from this M: at M = 128 quant_gemm's 128-row tiles measured faster on
-    #: all five Llama shapes (4096 x 28672: 158.1 vs 201.2 us, 8192 x 10240: 131.2 vs
-    #: 195.2) (`python -m lowvm.bench schedules`)
+    #: ... and only from this M (at M = 128 quant_gemm's 128-row tiles measured faster)
     prefill_min_m: int = 129
     #: below ``prefill_min_blocks`` blocks the prefill kernel splits K (2 or 4 ways, each
-    #: block keeping at least this many K steps) to reach them: M = 256 on 14336 x 4096
-    #: measured 133.2 us at split 4 against quant_gemm's 154.1, 28672 x 8192 396.1 at
-    #: split 2 against 533.4; 4096 x 6144 (split 2 would leave 16 steps) keeps quant_gemm,
-    #: 79.9 vs 89.8 (`python -m lowvm.bench schedules`)
+    #: block keeping at least this many K steps) to reach them
     prefill_split_min_steps: int = 24
     #: on sm_90 (H100/H200) ``quant_linear`` runs the wgmma kernel from this M (where the
-    #: weight's K tile is 64 or 128): it beat quant_gemm and quant_gemm_prefill at
-    #: M = 64..4096 on the Llama shapes (e.g. 4096 x 28672: 46.8 vs 61.6 us at M = 64,
-    #: 127.6 vs 198.2 at M = 256, 1867 vs 2650 at M = 4096)
-    #: (`python -m lowvm.bench schedules`)
+    #: weight's K tile is 64 or 128): it beat quant_gemm and quant_gemm_prefill there
     wgmma_min_m: int = 17
     #: ... except at 32 < M <= 64 on weights of fewer elements than this, where
-    #: quant_gemm's one-warp 64-row body measured faster (M = 64: 4096 x 6144 24.3 vs 30.0
-    #: us, 14336 x 4096 38.4 vs 45.1, 8192 x 10240 51.3 vs 55.5; wgmma won on 4096 x 28672,
-    #: 49.1 vs 61.1, and 28672 x 8192, 91.9 vs 108.9; at M = 32 it won on all five)
-    #: (`python -m lowvm.bench schedules`)
+    #: quant_gemm's one-warp 64-row body measured faster
     wgmma_mid_m_min_weights: int = 100_000_000
     #: ... but narrow wgmma tiles (see ``wgmma_narrow_max_k``) won there up to this K
-    #: (M = 64: 4096 x 6144 22.2 vs 24.9 us, 8192 x 10240 47.6 vs 52.4, 4096 x 4096 20.5
-    #: vs 27.0; at K = 14336, 60.4 vs 39.0) (`python -m lowvm.bench schedules`)
     wgmma_mid_m_narrow_max_k: int = 8192
-    #: where 128-row weight tiles leave the H100 under one wave at M > 32, 64-row ones
-    #: (one warpgroup) by 64 rows of x, unsplit, measured faster up to this K: M = 256
-    #: 14336 x 4096 75.7 vs 82.3 us, 8192 x 10240 107.1 vs 118.1; at K = 28672
-    #: (28672 x 8192) 296 vs 225 (`python -m lowvm.bench schedules`)
+    #: where 128-row weight tiles leave the GPU under one wave at M > 32, 64-row ones
+    #: (one warpgroup) by 64 rows of x, unsplit, measured faster up to this K
     wgmma_narrow_max_k: int = 16384
     #: below ``wgmma_min_m``, from this M, on weights with K and N both >=
     #: ``wgmma_decode_min_dim``: 16-row x tiles on 64 weight rows (one warpgroup), K split
-    #: 4, 2 stages, prefetch 2. M = 16 in CUDA graphs: 8192 x 10240 30.9 vs 36.0 us,
-    #: 28672 x 8192 61.5 vs 64.4; it lost on 14336 x 4096 (25.6 vs 20.9), 4096 x 28672
-    #: (37.3 vs 28.7) and the 4096-deep projections, and at M = 1 (8-row tiles) everywhere
-    #: (x copied every step). At M = 9 (events / graphs): 8192 x 10240 37.1 -> 28.5 /
-    #: 29.2 -> 28.6, 28672 x 8192 61.6 -> 59.7 / 57.1 -> 59.8 (slower in graphs)
-    #: (`python -m lowvm.bench schedules`)
+    #: 4, 2 stages, prefetch 2 (faster on the largest weights only)
     wgmma_decode_min_m: int = 9
     #: see ``wgmma_decode_min_m``
     wgmma_decode_min_dim: int = 8192
-    #: ... and K of at least this: on 8192 x 10240 quant_gemm with two K steps of weights
-    #: in flight (26.9 us at prefetch 1, M = 16, in graphs) beat the wgmma decode tiles'
-    #: 30.9 once its prefetch no longer ran 4 deep (`python -m lowvm.bench schedules`)
+    #: ... and K of at least this (below it quant_gemm's two K steps of weights in flight
+    #: won)
     wgmma_decode_min_k: int = 16384
     #: the wgmma kernel's grid should have at least this many blocks: smaller x tiles
     #: first (256 -> 128 rows), then K split 2, 4 or 8 ways
@@ -133,136 +102,189 @@ def _prefetch_depth(steps: int, allowed: Callable[[int], bool] = lambda depth: T
 
 def _x_whole_prefetch(steps: int, blocks: int, num_sms: int) -> int:
     """:func:`_prefetch_depth` of an ``x_whole`` block of ``steps`` K steps in a grid of
-    ``blocks``, also keeping the grid in one wave. Fitted to H100 graph sweeps, where a
-    second wave cost 28672 x 8192 48 -> 67 us and deep prefetch on 4-step blocks
-    8.1 -> 9.1 us (4096 x 4096) (`python -m lowvm.bench schedules`)."""
+    ``blocks``, also keeping the grid in one wave (a second wave measured slower)."""
     return _prefetch_depth(
         steps, lambda depth: blocks <= num_sms * _X_WHOLE_BLOCKS_PER_SM[depth])
 
 
+#: where the results the rules cite live
+_RESULTS = "benchmarks/results/2026-11-27"
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """What the rules of :data:`SCHEDULE_RULES` read: the problem, the SMs, whether x may
+    be held whole, and the tile and K split these imply."""
+
+    m: int
+    n: int
+    k: int
+    bk: int
+    num_sms: int = NUM_SMS_DEFAULT
+    #: whether x may be held whole in shared memory (``choose_schedule(x_whole=...)``)
+    x_whole: bool = True
+
+    @property
+    def bm(self) -> int:
+        """Rows of x per block: 16 (decode), 64, else 128."""
+        return 16 if self.m <= 16 else 64 if self.m <= 64 else 128
+
+    @property
+    def warps_m(self) -> int:
+        return 1 if self.m <= 16 else 2 if self.m <= 64 else 4
+
+    @property
+    def blocks(self) -> int:
+        """Blocks of the unsplit grid."""
+        return (self.n // WEIGHT_BN) * math.ceil(self.m / self.bm)
+
+    @property
+    def steps(self) -> int:
+        """K steps of the whole K range."""
+        return self.k // self.bk
+
+    @functools.cached_property
+    def split(self) -> int:
+        """The K split before the rules: M > 16 doubles it up to ~2 blocks per SM (tiles
+        reuse weights across rows); decode (M <= 16) up to 8 while the grid is under ~4
+        blocks per SM or a block would still stream >= 24 K steps, not at all from 3
+        blocks per SM, and to 16 at M = 1 with x held whole (a K range is then cheap to
+        start) while still under 4 blocks per SM; every block keeps >= 4 K steps."""
+        blocks, steps, sms = self.blocks, self.steps, self.num_sms
+        split = 1
+        if self.m > 16:
+            while (blocks * split < 2 * sms and steps % (2 * split) == 0
+                   and steps // (2 * split) >= 4):
+                split *= 2
+        elif blocks < 3 * sms:
+            while (split < 8 and steps % (2 * split) == 0 and steps // (2 * split) >= 4
+                   and (blocks * split < 4 * sms or steps // (2 * split) >= 24)):
+                split *= 2
+        if (self.m == 1 and self.x_whole and split == 8 and blocks * split < 4 * sms
+                and steps % 16 == 0 and steps // 16 >= 4):
+            split = 16
+        return split
+
+    @property
+    def block_steps(self) -> int:
+        """K steps per block at :attr:`split`."""
+        return self.steps // self.split
+
+    @property
+    def x_bytes(self) -> int:
+        """Shared bytes of x for a block's K range at :attr:`split`: one row at M = 1,
+        else ``bm`` rows (those past M zero-filled)."""
+        return (1 if self.m == 1 else self.bm) * (self.k // self.split) * 2
+
+
+@dataclass(frozen=True)
+class ScheduleRule:
+    """One rule of the built-in choice: where it applies, the schedule fields it sets
+    (over the shape's tile and split), why, and the results file that shows it."""
+
+    name: str
+    applies: Callable[[GemmShape], bool]
+    fields: Callable[[GemmShape], dict[str, Any]]
+    #: one line: what was measured faster
+    reason: str
+    #: a results file (``benchmarks/results/<date>/<scenario>/<gpu>.json``) with rows the
+    #: rule chooses for, re-measured by its ``environment.command``; None where none has
+    #: such rows yet
+    results: str | None
+
+
+#: the built-in choice of ``quant_gemm``'s schedule: the first rule that applies gives
+#: the fields; the figures behind each are in docs/performance.md ("Schedule choices")
+SCHEDULE_RULES: tuple[ScheduleRule, ...] = (
+    ScheduleRule(
+        "stream-at-split-4",
+        lambda s: (8 < s.m <= 16 and s.x_whole and s.split == 8 and s.steps % 8 == 0
+                   and s.x_bytes <= X_WHOLE_BYTES and s.blocks * 4 >= s.num_sms),
+        lambda s: dict(split=4, stages=None, prefetch=2),
+        "where 16 rows would be held whole at split 8, x streamed at split 4 with two "
+        "steps of weights in flight measured faster",
+        f"{_RESULTS}/schedules/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "x-held-whole",
+        lambda s: ((s.m == 1 or 8 < s.m <= 16) and s.x_whole
+                   and s.x_bytes <= X_WHOLE_BYTES),
+        lambda s: dict(stages=None, prefetch=_x_whole_prefetch(
+            s.block_steps, s.blocks * s.split, s.num_sms), x_whole=s.k // s.split,
+            x_rows=1 if s.m == 1 else 0, swap_ab=s.m == 1),
+        "x held whole leaves the main loop without x copies and barriers; at M = 1 one "
+        "row, the weights as the MMA's A operand (half the MMAs)",
+        f"{_RESULTS}/gemm-decode/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "small-m-streams-per-step",
+        lambda s: s.m <= 8 and s.x_whole and s.x_bytes <= X_WHOLE_BYTES,  # M = 1: above
+        lambda s: dict(stages=None, prefetch=_x_whole_prefetch(
+            s.block_steps, s.blocks * s.split, s.num_sms)),
+        "at 2 <= M <= 8 the 16 rows held whole cost each block their copy before its "
+        "first MMA: x streamed per step measured faster",
+        f"{_RESULTS}/schedules/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "decode-prefetch",
+        lambda s: s.m <= 16 and s.split < 8,
+        lambda s: dict(stages=2 if s.m > 1 else None,
+                       prefetch=_prefetch_depth(s.block_steps)),
+        "under split 8 weights prefetched up to 4 steps ahead (>= 8 steps per prefetched "
+        "one) and, from M = 2, x pipelined two deep measured faster",
+        f"{_RESULTS}/schedules/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "split-8-two-ahead",
+        lambda s: s.m <= 16 and 8 <= s.block_steps < 24 and s.block_steps % 2 == 0,
+        lambda s: dict(stages=2, prefetch=2),
+        "split-8 grids of 8..23 K steps per block: two steps of weights in flight with x "
+        "double-buffered measured faster than x three deep",
+        f"{_RESULTS}/schedules/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "decode-x-three-deep",
+        lambda s: s.m <= 16,
+        lambda s: dict(stages=3, prefetch=1),
+        "the other split-8 decode grids: x pipelined three deep, one step of weights "
+        "ahead, measured faster than two steps of weights",
+        f"{_RESULTS}/schedules/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "mid-m-one-warp",
+        lambda s: 16 < s.m <= 64,
+        lambda s: dict(warps_m=1, k_slice=min(s.bk, 16 if s.k >= 14336 or s.split == 1
+                                              else 32),
+                       stages=2, prefetch=1, fused_split=False),
+        "one M-warp over 64 rows in K slices converts each weight once: faster than two "
+        "M-warps; split sums by a second kernel",
+        f"{_RESULTS}/gemm-prefill/nvidia-h100-80gb-hbm3.json"),
+    ScheduleRule(
+        "tall-tiles",
+        lambda s: s.m > 64,
+        lambda s: dict(stages=3, prefetch=1, fused_split=False),
+        "128-row tiles on 4 M-warps, x three deep, split sums by a second kernel: where "
+        "neither the prefill nor the wgmma kernel runs (groups of 16 or 32; off sm_90 "
+        "below the prefill thresholds)",
+        None),
+)
+
+
+def schedule_rule(shape: GemmShape) -> ScheduleRule:
+    """The first rule of :data:`SCHEDULE_RULES` that applies to ``shape``."""
+    return next(rule for rule in SCHEDULE_RULES if rule.applies(shape))
+
+
 def choose_schedule(m: int, n: int, k: int, bk: int, num_sms: int = NUM_SMS_DEFAULT,
                     x_whole: bool = True) -> GemmSchedule:
-    """A schedule for batch ``m``: decode tiles with split-K to fill the GPU, or prefill.
-
-    Decode at M = 1, and at 8 < M <= 16, holds x for the block's whole K range in shared
-    memory when it fits ``X_WHOLE_BYTES`` (``x_whole``; one row at M = 1, ``x_rows=1``;
-    2 <= M <= 8 stream x, which measured faster there): the main loop then
-    has no x copy and no barrier (sm_90 SASS of the loop: 222 -> 136 instructions per warp
-    and K step on split-8 shapes, 169 -> 131 on 4096 x 28672), with the weight prefetch
-    depth of :func:`_x_whole_prefetch`. In CUDA graphs on the H100 at M = 1 this measured
-    0 to 23 % faster than streaming x (8192 x 10240: 27.5 -> 21.2 us). ``x_whole=False``
-    gives the schedules that stream x through shared memory every step or every
-    ``prefetch`` steps (for K ranges that do not fit, and from M = 2 pipelined two stages
-    deep where the split is under 8). At M = 1
-    the step runs with the weights as the MMA's A operand (``swap_ab``): half the MMAs;
-    in graphs int4 26.1 -> 24.2 us on 4096 x 28672, 15.8 -> 14.8 on 14336 x 4096, int3
-    27.4 -> 21.6 and 15.5 -> 13.2 (the split and prefetch rules stayed best for it). At
-    8 < M <= 16, where 16 rows would be held at split 8, x is streamed at split 4 with two
-    steps of weights in flight instead, where that still gives a block per SM.
-
-    Decode (M <= 16): split-K (its reduction fused into the GEMM) doubles while the grid
-    has under ~4 blocks per SM, or while each block would still stream >= 24 K steps,
-    keeping >= 4 steps per block and split <= 8 (16 at M = 1 with ``x_whole``); grids of
-    >= 3 blocks per SM are not split. M > 16 splits only up to ~2 blocks per SM (more
-    measured slower at M = 64), and finishes the sums with a second kernel (the in-kernel
-    reduction measured slower there: 4096 x 6144, M = 64: 41.4 vs 33.3 us).
-    Split-8 decode grids with 8..23 K steps per block prefetch two steps of weights with
-    x double-buffered (14336 x 4096: 22.3 vs 24.7 us); other split-8 grids pipeline x three
-    deep, one step of weights ahead.
-    Fitted to H100 decode sweeps (fused split-K): e.g. 4096 x 6144 split 8 13.6 us,
-    8192 x 10240 split 4 28.2, 28672 x 8192 split 8 60.9, 4096 x 28672 unsplit 35.4;
-    inside a CUDA graph of back-to-back calls no other schedule of the space measured more
-    than 0.6 us faster on the Llama-3-8B decode shapes (`python -m lowvm.bench schedules`).
-    """
-    if m <= 16:
-        bm, warps_m = 16, 1
-    elif m <= 64:
-        bm, warps_m = 64, 2
-    else:
-        bm, warps_m = 128, 4
-    blocks = (n // WEIGHT_BN) * math.ceil(m / bm)
-    steps = k // bk
-    split = 1
-    if m > 16:  # tiles reuse weights across rows: split only to reach ~2 blocks per SM
-        while (blocks * split < 2 * num_sms and steps % (2 * split) == 0
-               and steps // (2 * split) >= 4):
-            split *= 2
-    elif blocks < 3 * num_sms:
-        while (split < 8 and steps % (2 * split) == 0 and steps // (2 * split) >= 4
-               and (blocks * split < 4 * num_sms or steps // (2 * split) >= 24)):
-            split *= 2
-    if (m == 1 and x_whole and split == 8 and blocks * split < 4 * num_sms
-            and steps % 16 == 0 and steps // 16 >= 4):
-        # with x held whole a K range is cheap to start, so a grid still under 4 blocks
-        # per SM at split 8 splits once more: 14336 x 4096 in a graph 16.6 -> 15.1 us
-        # (`python -m lowvm.bench schedules`)
-        split = 16
-    if (8 < m <= 16 and x_whole and split == 8 and steps % 8 == 0
-            and bm * (k // split) * 2 <= X_WHOLE_BYTES and blocks * 4 >= num_sms):
-        # where 16 rows would be held whole at split 8, streaming x at split 4 with two
-        # steps of weights in flight measured faster: M = 16 in graphs 4096 x 6144 15.6 ->
-        # 11.9 us, 4096 x 4096 12.1 -> 10.1 (events 19.1 -> 16.2, 15.6 -> 14.6); at M = 8
-        # it was mixed (12.0 -> 10.9, 9.6 -> 9.9), so M <= 8 keeps x whole
-        # (`python -m lowvm.bench schedules`)
-        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=4, stages=None, prefetch=2)
-    kb, rows = k // split, 1 if m == 1 else bm  # a block's K range, the rows of x it holds
-    if m <= 16 and x_whole and rows * kb * 2 <= X_WHOLE_BYTES:
-        # from M = 2 up to M = 8 the 16 rows held whole (those past M zero-filled) cost each
-        # block their copy before its first MMA: x streamed per step measured faster at
-        # M = 4 and 8, 4096 x 6144 in graphs 9.7 -> 9.3 and 10.6 -> 9.7 us (`python -m
-        # lowvm.bench schedules`)
-        held = m == 1 or m > 8
-        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=split, stages=None,
-                            prefetch=_x_whole_prefetch(steps // split, blocks * split,
-                                                       num_sms),
-                            x_whole=kb if held else 0, x_rows=1 if rows == 1 else 0,
-                            swap_ab=rows == 1)
-    if m <= 16 and split < 8:
-        # weights prefetched up to 4 steps ahead, keeping >= 8 K steps per prefetched one:
-        # 8192 x 10240 (16 steps per block at split 4) measured 27.6 us at prefetch 4 and
-        # 22.4 at prefetch 2 (M = 4), 34.0 against 26.9 at prefetch 1 (M = 16), in graphs;
-        # x (prefetch steps per copy) pipelined 2 deep from M = 2 instead of copied and
-        # waited for: 8192 x 10240 M = 4 / 16 22.0 -> 21.5 / 27.8 -> 27.1 us, 4096 x 28672
-        # (unsplit, prefetch 4) 28.8 -> 27.5 / 29.0 -> 28.5 (`python -m lowvm.bench
-        # schedules`)
-        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=split, stages=2 if m > 1 else None,
-                            prefetch=_prefetch_depth(steps // split))
-    if m <= 16 and 8 <= steps // split < 24 and (steps // split) % 2 == 0:
-        # split-8 grids with 8..23 K steps per block: two steps of weights in flight and x
-        # double-buffered (ptxas gives int4 96 registers, so 5 blocks fit per SM); measured
-        # 22.5-22.7 vs 24.7 us (14336 x 4096, M = 1) (`python -m lowvm.bench schedules`)
-        return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m,
-                            warps_n=WEIGHT_WARPS_N, split=split, stages=2, prefetch=2)
-    if 16 < m <= 64:
-        # one M-warp covers the 64 rows, the K step's MMAs over k_slice-deep slices, so
-        # each weight is converted once, not once per M-warp: measured 7-17 % faster than
-        # two M-warps on the five Llama shapes (4096 x 6144: 29.2 -> 26.0 us; slices of 16
-        # won by 2-5 % where K >= 14336). With related shared addresses slices of 16 also
-        # won on the unsplit 4096 x 28672 grid, 66.7 -> 62.0 us, and lost 3 % on the split
-        # ones with K < 14336. Two x stages beat three by 1-3 % on all five shapes in two
-        # runs (4096 x 28672: 63.1 -> 61.7 us); register caps and 32-wide blocks did not
-        # help (`python -m lowvm.bench schedules`)
-        # (a slice is at most the K step: weights in groups of 16 have 16-deep steps)
-        warps_m, k_slice = 1, min(bk, 16 if k >= 14336 or split == 1 else 32)
-    else:
-        k_slice = 0
-    # the other split-8 decode grids (and M > 16) pipeline x 3 deep instead, one step of
-    # weights ahead: measured 13.6 vs 18.4 us (4096 x 6144) and 60.9 vs 71.0 (28672 x 8192)
-    # at split 8 against two steps of weights (4 stages); with related shared addresses
-    # 4 stages lost 19-36 % on 28672 x 8192 at M = 4 / 16 and 3 stages won: 91.8 -> 67.6
-    # us at M = 16 (`python -m lowvm.bench schedules`)
-    return GemmSchedule(bm=bm, bn=WEIGHT_BN, bk=bk, warps_m=warps_m, warps_n=WEIGHT_WARPS_N,
-                        split=split, stages=2 if k_slice else 3, prefetch=1,
-                        fused_split=m <= 16, k_slice=k_slice)
+    """A schedule for batch ``m``: the shape's tile and K split (:class:`GemmShape`) with
+    the fields of the first rule of :data:`SCHEDULE_RULES` that applies. ``x_whole=False``
+    leaves out the rules that hold x whole (for K ranges that do not fit)."""
+    shape = GemmShape(m, n, k, bk, num_sms, x_whole)
+    base = dict(bm=shape.bm, bn=WEIGHT_BN, bk=bk, warps_m=shape.warps_m,
+                warps_n=WEIGHT_WARPS_N, split=shape.split)
+    return GemmSchedule(**{**base, **schedule_rule(shape).fields(shape)})
 
 
 def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:
     """Why :func:`quant_linear` refuses ``s`` for K = ``k`` and a weight of format K tile
     ``bk`` (naming the values and what is accepted), or None: the one place both the
-    planner and the tuner's space (``lowvm.tune.space.runnable_reason``) ask."""
+    planner and the tuner's space (``lowvm.tune.space.runnable_reason``) ask. The rules
+    of the schedule's fields alone are :class:`GemmSchedule`'s own."""
     if s.wgmma:
         return ("is a wgmma schedule (quant_gemm_wgmma): quant_linear runs it on sm_90, "
                 "or wgmma_quant_linear")
@@ -276,10 +298,6 @@ def plan_refusal(s: GemmSchedule, k: int, bk: int) -> str | None:
     if s.x_whole and s.x_whole < k // s.split:
         return (f"x_whole = {s.x_whole} columns cannot hold a block's K range, K / split "
                 f"= {k // s.split}; accepted: x_whole >= {k // s.split}, or 0")
-    if s.swap_ab and not (s.x_rows == 1 and s.warps_m == 1 and not s.k_slice):
-        return (f"swap_ab computes y^T one row of x at a time: it needs x_rows=1, warps_m=1 "
-                f"and k_slice=0, got x_rows={s.x_rows}, warps_m={s.warps_m}, "
-                f"k_slice={s.k_slice}")
     return None
 
 
@@ -365,10 +383,7 @@ def choose_wgmma_schedule(m: int, n: int, k: int, bk: int, wtype: DType | str
     warpgroup by 64 rows of x, 2 x stages, no split (twice the blocks with half the
     weights each, and no split-K sums).
 
-    Fitted to H100 sweeps: e.g. M = 256 on 4096 x 6144 (24 blocks of 256 rows) 36.5 us
-    with 128 rows against 63.6, 34.1 with narrow tiles; 4096 x 4096 44.7 -> 25.2 narrow
-    (the tuner's find); M = 64 on 28672 x 8192 90.9 us at split 4 against 117.0 at split 2
-    (`python -m lowvm.bench schedules`).
+    Fitted to H100 sweeps (docs/performance.md, "Schedule choices").
     """
     from lowvm.kernels.quant_gemm_prefill import threads_fit
     from lowvm.kernels.quant_gemm_wgmma import WGMMA_SCHEDULE
@@ -449,26 +464,22 @@ def wgmma_refusal(s: GemmSchedule, n: int, k: int, bk: int, wtype: DType | None 
                   ) -> str | None:
     """Why :func:`quant_gemm_wgmma` cannot run ``s`` on a weight ``[n, k]`` of format K
     tile ``bk`` (and type ``wtype``, when given), naming the values; None when it can: the
-    one place the planner and the tuner's space ask."""
+    one place the planner and the tuner's space ask. The rules of the schedule's fields
+    alone are :class:`GemmSchedule`'s own (``wgmma=True``), applied here too to a schedule
+    that is not marked."""
+    if not s.wgmma:  # the kernel's own rules, for a schedule not marked as its
+        try:
+            replace(s, wgmma=True)
+        except ScheduleError as exc:
+            return str(exc)
     if bk not in (64, 128) or s.bk != bk:
         return (f"bk={s.bk}: the wgmma GEMM takes the weight's K tile, 64 or 128 (group "
                 f">= 64); this weight has {bk}")
-    if s.warps_n != 1 or s.warps_m not in (4, 8):
-        return f"warps_m={s.warps_m}, warps_n={s.warps_n}: accepted 4 x warpgroups (4 or 8), 1"
-    if s.bm % 8 or not 8 <= s.bm <= 256:
-        return f"bm={s.bm} rows of x: accepted a multiple of 8 in 8..256"
-    if s.bn % (16 * s.warps_m) or n % s.bn:
-        return (f"bn={s.bn} weight rows: accepted a multiple of 64 x warpgroups "
-                f"({16 * s.warps_m}) dividing N={n}")
-    if s.split < 1 or s.prefetch < 1 or (k // bk) % (s.split * s.prefetch):
+    if n % s.bn:
+        return f"bn={s.bn} weight rows: accepted a multiple dividing N={n}"
+    if (k // bk) % (s.split * s.prefetch):
         return (f"K / bk = {k // bk} steps must be a multiple of split x prefetch = "
-                f"{s.split * s.prefetch} (both >= 1)")
-    if (s.weights_shared or s.min_blocks != 1 or s.x_steps or s.l2_ahead or s.k_slice
-            or s.x_whole or s.x_rows or s.swap_ab):
-        return ("the wgmma GEMM takes no weights_shared, min_blocks, x_steps, l2_ahead, "
-                "k_slice, x_whole, x_rows or swap_ab")
-    if s.stages is not None and s.stages < 1:
-        return f"stages={s.stages} must be None or >= 1"
+                f"{s.split * s.prefetch}")
     x_bytes = max(1, s.stages or 1) * (bk // 64) * s.prefetch * s.bm * 128  # 1 KB panels
     y_bytes = s.bm * (s.bn + 4) * 4
     if max(x_bytes, y_bytes) > 227 * 1024:

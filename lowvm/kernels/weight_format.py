@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 import lowvm.lang as vm
-from lowvm.codegen.fast_cast import pair_span
 from lowvm.dtypes import DType, pack, unpack
 from lowvm.dtypes import dtype as as_dtype
 from lowvm.errors import LayoutError
 from lowvm.ir import ProgramError
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.layouts import RegisterLayout, local, reduce, spatial, split_pairs
+from lowvm.layouts.cast_recipe import pair_span
 from lowvm.layouts.mma_tiling import BlockMmaLayouts, block_mma_layouts
 
 __all__ = ["WeightLayouts", "weight_layouts", "stored_order", "schedule_layouts",
@@ -102,7 +102,7 @@ def stored_order(values: RegisterLayout, wtype: DType, adtype: DType,
     """The order a thread's codes are stored in: ``values`` (the MMA order), or for
     1..7-bit types its :func:`~lowvm.layouts.split_pairs` order, in which the
     bit-trick cast yields MMA register pairs directly (no ``prmt`` for 1/2/4 bits; see
-    :func:`~lowvm.codegen.fast_cast.pair_span`); ``cast(..., layout=values)`` turns one
+    :func:`~lowvm.layouts.cast_recipe.pair_span`); ``cast(..., layout=values)`` turns one
     into the other by renaming registers. ``order="plain"`` gives ``values`` always
     (:data:`STORED_ORDERS`)."""
     if order is not None:

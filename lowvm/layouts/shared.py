@@ -27,6 +27,7 @@ __all__ = [
     "shared_column_major",
     "shared_strided",
     "swizzle_128b",
+    "staged_layout",
 ]
 
 
@@ -154,3 +155,19 @@ def swizzle_128b(rows: int, cols: int, dtype: DType | str) -> SharedLayout:
     base = int(math.log2(16 // elem_bytes))
     shift = int(math.log2(cols)) - base
     return SharedLayout((rows, cols), (cols, 1), Swizzle(bits=3, base=base, shift=shift))
+
+
+def staged_layout(layout: SharedLayout, stages: int, elem_bits: int) -> SharedLayout:
+    """``layout`` with a leading ``[stages]`` dim; each stage lays its tile out as before.
+
+    The stage stride is a multiple of 16 bytes (vector and ``cp.async`` alignment) and of
+    the swizzle's period (adding it commutes with the XOR), so stage ``s`` of the new
+    layout is ``s * stride + layout``.
+    """
+    span = max(layout.cosize, int(layout.offsets().max()) + 1)
+    unit = max(1, 128 // elem_bits)  # elements per 16 bytes
+    sw = layout.swizzle
+    if sw is not None:
+        unit = math.lcm(unit, 1 << (sw.base + sw.shift + sw.bits))
+    stride = -(-span // unit) * unit
+    return SharedLayout((stages, *layout.shape), (stride, *layout.strides), sw)

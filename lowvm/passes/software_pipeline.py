@@ -41,7 +41,6 @@ running the pass again changes nothing.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from lowvm.expr import BinOp, Const, Expr, Select, UnaryOp, Var, as_expr, const_value, select
 from lowvm.expr import _binary as rebuild_binary  # the folding constructor of BinOp
@@ -70,31 +69,15 @@ from lowvm.ir import (
     seq,
     walk,
 )
-from lowvm.layouts import SharedLayout
+from lowvm.layouts.shared import staged_layout
 from lowvm.passes.rewrite import map_statements
 
-__all__ = ["pipeline_loops", "staged_layout"]
+__all__ = ["pipeline_loops"]
 
 _ASYNC = (CopyAsync, CommitGroup, WaitGroup)
 _ACCEPTED = ("accepted: `copy_async(...)`s into shared tiles first in the body, then "
              "`commit_group()`, then the consumers' `wait_group(0)` + `sync()` (see "
              "lowvm/passes/software_pipeline.py)")
-
-
-def staged_layout(layout: SharedLayout, stages: int, elem_bits: int) -> SharedLayout:
-    """``layout`` with a leading ``[stages]`` dim; each stage lays its tile out as before.
-
-    The stage stride is a multiple of 16 bytes (vector and ``cp.async`` alignment) and of
-    the swizzle's period (adding it commutes with the XOR), so stage ``s`` of the new
-    layout is ``s * stride + layout``.
-    """
-    span = max(layout.cosize, int(layout.offsets().max()) + 1)
-    unit = max(1, 128 // elem_bits)  # elements per 16 bytes
-    sw = layout.swizzle
-    if sw is not None:
-        unit = math.lcm(unit, 1 << (sw.base + sw.shift + sw.bits))
-    stride = -(-span // unit) * unit
-    return SharedLayout((stages, *layout.shape), (stride, *layout.strides), sw)
 
 
 def substitute(expr: Expr, var: Var, value: Expr) -> Expr:

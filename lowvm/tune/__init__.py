@@ -7,15 +7,13 @@ them with :mod:`lowvm.tune.model`, measures the top candidates and always the bu
 choice through an injected ``measure(schedule) -> seconds``, and keeps the best per
 (GPU, dtype, group, N, K, M bucket) in a JSON cache (``LOWVM_TUNE_CACHE``, default
 ``~/.cache/lowvm/tune.json``) that ``quant_linear`` reads back (``tuned_schedule``).
-The generic :class:`Schedule` (tile sizes, warps, stages, split-K of any template's
-``constants()``) and its per-path :func:`schedule_space` remain for other templates.
 """
 
 from lowvm.tune.cache import TuneCache, TuneKey, default_cache_path, m_bucket
 from lowvm.tune.errors import TuneError
 from lowvm.tune.gpu import H100_SXM, GpuSpec
 from lowvm.tune.model import Estimate, estimate, rank
-from lowvm.tune.schedule import PATHS, Problem, Schedule, feasible, path_for_m, schedule_space
+from lowvm.tune.problem import Problem
 from lowvm.tune.space import builtin_schedule, library_space, runnable_reason
 from lowvm.tune.tuner import Autotuner, TuneResult
 
@@ -32,12 +30,7 @@ __all__ = [
     "Estimate",
     "estimate",
     "rank",
-    "PATHS",
     "Problem",
-    "Schedule",
-    "feasible",
-    "path_for_m",
-    "schedule_space",
     "builtin_schedule",
     "library_space",
     "runnable_reason",

@@ -8,13 +8,12 @@ to a temporary file in the same folder and are renamed over the old one, so read
 never see half a file; each write re-reads the file first so entries another process
 added meanwhile are kept.
 
-An entry's ``schedule`` holds every field of the schedule and ``schedule_type`` names
-its class (:class:`~lowvm.kernels.gemm_schedule.GemmSchedule` for the library's
-``quant_gemm``, ``Schedule`` for a generic template), so a cached pick is rebuilt
-exactly, ``x_whole``, ``x_rows``, ``prefetch`` and ``k_slice`` included. Entries
-written before (no ``schedule_type``: the generic ``Schedule``'s seven constants) still
-load; the library maps them to a ``GemmSchedule`` as it did then, with a one-time
-warning to re-tune (they cannot hold what makes its decode schedules fast).
+An entry's ``schedule`` holds every field of the
+:class:`~lowvm.kernels.gemm_schedule.GemmSchedule` and ``schedule_type`` names it, so a
+cached pick is rebuilt exactly, ``x_whole``, ``x_rows``, ``prefetch`` and ``k_slice``
+included. Entries of the first format (no ``schedule_type``: seven tile constants) still
+load, mapped to a ``GemmSchedule`` with a one-time warning to re-tune (they cannot hold
+what makes the decode schedules fast).
 """
 
 from __future__ import annotations
@@ -28,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lowvm.errors import LowvmError
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.tune.errors import TuneError
-from lowvm.tune.schedule import Schedule
 
 __all__ = ["ENV_VAR", "MAX_BUCKET", "TuneKey", "m_bucket", "default_cache_path", "TuneCache",
-           "schedule_to_json", "schedule_from_entry", "gemm_schedule_from_entry"]
+           "schedule_to_json", "schedule_from_entry"]
 
 ENV_VAR = "LOWVM_TUNE_CACHE"
 MAX_BUCKET = 8192
@@ -124,17 +123,15 @@ class TuneCache:
             raise
 
 
-_TYPES: dict[str, type] = {"GemmSchedule": GemmSchedule, "Schedule": Schedule}
 _BOOL_FIELDS = {"weights_shared", "fused_split", "swap_ab", "wgmma"}
 
 
-def schedule_to_json(s: GemmSchedule | Schedule) -> dict[str, Any]:
+def schedule_to_json(s: GemmSchedule) -> dict[str, Any]:
     """``{"schedule_type": ..., "schedule": every field}`` for a cache entry (all fields,
     defaults too: the entry must not change meaning if a default changes)."""
-    if isinstance(s, (GemmSchedule, Schedule)):
-        return {"schedule_type": type(s).__name__, "schedule": dataclasses.asdict(s)}
-    raise TuneError(f"schedule={s!r}: the cache stores a GemmSchedule or a lowvm.tune "
-                    f"Schedule")
+    if isinstance(s, GemmSchedule):
+        return {"schedule_type": "GemmSchedule", "schedule": dataclasses.asdict(s)}
+    raise TuneError(f"schedule={s!r}: the cache stores a GemmSchedule")
 
 
 def _gemm_schedule(fields: Any) -> GemmSchedule:
@@ -162,42 +159,52 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def schedule_from_entry(entry: dict[str, Any]) -> GemmSchedule | Schedule:
-    """The schedule of a cache entry, of the class it was stored as (no
-    ``schedule_type``: an entry of the first format, a generic ``Schedule``)."""
-    if not isinstance(entry, dict) or "schedule" not in entry:
-        raise TuneError(f"cache entry {entry!r} has no 'schedule'")
-    kind = entry.get("schedule_type", "Schedule")
-    if kind not in _TYPES:
-        raise TuneError(f"cache entry schedule_type={kind!r}: accepted "
-                        f"{', '.join(_TYPES)}")
-    if kind == "GemmSchedule":
-        return _gemm_schedule(entry["schedule"])
-    constants = entry["schedule"]
-    if not isinstance(constants, dict):
-        raise TuneError(f"cached Schedule {constants!r} is not a JSON object")
-    return Schedule.from_constants(constants)
-
-
+#: the constants of an entry of the first format, and their defaults
+_FIRST_FORMAT = {"bm": None, "bn": None, "bk": None, "warps_m": None, "warps_n": None,
+                 "stages": 2, "split_k": 1}
 _LEGACY_WARNED: set[str] = set()
 
 
-def gemm_schedule_from_entry(entry: dict[str, Any], m: int) -> GemmSchedule:
-    """The library's ``GemmSchedule`` for a cache entry used at batch ``m``: every field
-    as stored, or for an entry of the first format (a generic ``Schedule``) the mapping
-    the library made then (``split_k`` -> ``split``, ``stages`` <= 1 -> None, prefetch 1,
-    split sums fused at M <= 16), warned about once per process: such an entry has no
-    ``x_whole``/``prefetch``/``k_slice`` and so is slower than the built-in choice at
-    decode; re-tuning replaces it."""
-    s = schedule_from_entry(entry)
-    if isinstance(s, GemmSchedule):
-        return s
+def _first_format_schedule(constants: Any, m: int) -> GemmSchedule:
+    """The ``GemmSchedule`` an entry of the first format stands for at batch ``m``: the
+    mapping the library made then (``split_k`` -> ``split``, ``stages`` <= 1 -> None,
+    prefetch 1, split sums fused at M <= 16), warned about once per process: such an
+    entry has no ``x_whole``/``prefetch``/``k_slice`` and so is slower than the built-in
+    choice at decode; re-tuning replaces it."""
+    required = [name for name, default in _FIRST_FORMAT.items() if default is None]
+    if (not isinstance(constants, dict) or set(constants) - set(_FIRST_FORMAT)
+            or set(required) - set(constants)
+            or not all(_is_int(v) and v >= 1 for v in constants.values())):
+        raise TuneError(f"cached schedule {constants!r} (first format): accepted positive "
+                        f"integers {', '.join(_FIRST_FORMAT)} ({', '.join(required)} "
+                        "required)")
+    c = {**_FIRST_FORMAT, **constants}
     if "legacy" not in _LEGACY_WARNED:
         _LEGACY_WARNED.add("legacy")
         warnings.warn("lowvm: the tuning cache holds entries of the first format (no "
                       "x_whole, x_rows, prefetch or k_slice); they are used as before, but "
                       "re-tune (Autotuner.tune(..., force=True)) to search the library's "
-                      "schedules", stacklevel=3)
-    return GemmSchedule(bm=s.bm, bn=s.bn, bk=s.bk, warps_m=s.warps_m, warps_n=s.warps_n,
-                        split=s.split_k, stages=s.stages if s.stages > 1 else None,
-                        prefetch=1, fused_split=m <= 16)
+                      "schedules", stacklevel=4)
+    return GemmSchedule(bm=c["bm"], bn=c["bn"], bk=c["bk"], warps_m=c["warps_m"],
+                        warps_n=c["warps_n"], split=c["split_k"],
+                        stages=c["stages"] if c["stages"] > 1 else None, prefetch=1,
+                        fused_split=m <= 16)
+
+
+def schedule_from_entry(entry: dict[str, Any], m: int) -> GemmSchedule:
+    """The ``GemmSchedule`` of a cache entry used at batch ``m``: every field as stored,
+    or for an entry of the first format (no ``schedule_type``) its mapping."""
+    if not isinstance(entry, dict) or "schedule" not in entry:
+        raise TuneError(f"cache entry {entry!r} has no 'schedule'")
+    kind = entry.get("schedule_type")
+    if kind not in (None, "GemmSchedule"):
+        raise TuneError(f"cache entry schedule_type={kind!r}: accepted GemmSchedule (or "
+                        "none, the first format)")
+    try:
+        if kind is None:
+            return _first_format_schedule(entry["schedule"], m)
+        return _gemm_schedule(entry["schedule"])
+    except TuneError:
+        raise
+    except LowvmError as exc:  # a combination of fields GemmSchedule refuses
+        raise TuneError(f"cached schedule {entry['schedule']!r}: {exc}") from None

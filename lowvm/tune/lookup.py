@@ -11,7 +11,7 @@ from typing import Any
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.kernels.weights import QuantWeight
 from lowvm.runtime.workspaces import warn_once
-from lowvm.tune.cache import TuneCache, TuneKey, gemm_schedule_from_entry
+from lowvm.tune.cache import TuneCache, TuneKey, schedule_from_entry
 from lowvm.tune.errors import TuneError
 from lowvm.tune.space import runnable_reason
 
@@ -37,7 +37,7 @@ def tuned_schedule(m: int, weight: QuantWeight, cache: Any = None) -> GemmSchedu
             gpu, weight.wtype.name, weight.group, weight.n, weight.k, m))
         if entry is None:
             return None
-        s = gemm_schedule_from_entry(entry, m)
+        s = schedule_from_entry(entry, m)
     except TuneError as exc:
         warn_once(f"tune-cache: {exc}")
         return None

@@ -33,10 +33,7 @@ The model is a roofline with the effects that decide between schedules:
 The prediction combines the bytes, FLOPs, latency and L2-traffic times as an imperfect
 overlap (a 3-norm: at least the largest) plus the split-K cost. Its job is ranking, so
 the tuner measures only the top candidates (and always the library's built-in choice);
-the ``exhaustive`` mode of the tuner reports how good that ranking was. Both the
-generic :class:`~lowvm.tune.schedule.Schedule` (weights staged in shared memory, one
-MMA K step of fragments at a time) and the library's
-:class:`~lowvm.kernels.gemm_schedule.GemmSchedule` are modelled, through one view.
+the ``exhaustive`` mode of the tuner reports how good that ranking was.
 """
 
 from __future__ import annotations
@@ -48,12 +45,9 @@ from dataclasses import dataclass
 from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.tune.errors import TuneError
 from lowvm.tune.gpu import GpuSpec
-from lowvm.tune.schedule import Problem, Schedule, feasible
+from lowvm.tune.problem import Problem
 
-__all__ = ["AnySchedule", "Estimate", "occupancy", "estimate", "rank"]
-
-#: what the model, the tuner and the cache take
-AnySchedule = Schedule | GemmSchedule
+__all__ = ["Estimate", "occupancy", "estimate", "rank"]
 
 _ALU_OPS_PER_WEIGHT = 3.0   # unpack, convert, scale (amortised over vector instructions)
 #: addresses, loop counters (ptxas, sm_90: an int4 x_whole decode block of 128 threads
@@ -70,7 +64,7 @@ _SLICE_COST = 0.03          # extra issue per additional k_slice of a step (extr
 
 @dataclass(frozen=True)
 class _View:
-    """What the model needs of a schedule, whichever type it is."""
+    """What the model needs of a schedule (``k_slice`` resolved: the step where 0)."""
 
     bm: int
     bn: int
@@ -93,21 +87,15 @@ class _View:
         return 32 * self.warps_m * self.warps_n
 
 
-def _view(s: AnySchedule) -> _View:
-    if isinstance(s, Schedule):  # a generic template: weights staged `stages` deep
-        return _View(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split_k, s.stages, 1, True,
-                     False, 1, 0, _MMA_K_FRAG, 0, s.bm)
-    if isinstance(s, GemmSchedule):
-        return _View(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split, s.stages, s.prefetch,
-                     s.weights_shared, s.fused_split, s.steps_per_copy, s.l2_ahead,
-                     s.k_slice or s.bk, s.x_whole, s.rows)
-    raise TuneError(f"schedule={s!r}: the model takes a lowvm.tune.Schedule or a "
-                    f"GemmSchedule")
+def _view(s: GemmSchedule) -> _View:
+    if not isinstance(s, GemmSchedule):
+        raise TuneError(f"schedule={s!r}: the model takes a GemmSchedule")
+    return _View(s.bm, s.bn, s.bk, s.warps_m, s.warps_n, s.split, s.stages, s.prefetch,
+                 s.weights_shared, s.fused_split, s.steps_per_copy, s.l2_ahead,
+                 s.k_slice or s.bk, s.x_whole, s.rows)
 
 
-def _feasible(s: AnySchedule, p: Problem) -> bool:
-    if isinstance(s, Schedule):
-        return feasible(s, p)
+def _feasible(s: GemmSchedule, p: Problem) -> bool:
     from lowvm.tune.space import format_bk, runnable_reason
 
     return runnable_reason(s, p.m, p.n, p.k, format_bk(p)) is None
@@ -165,7 +153,7 @@ def _regs_per_thread(v: _View, p: Problem) -> int:
     return regs
 
 
-def occupancy(s: AnySchedule, p: Problem, gpu: GpuSpec) -> tuple[int, int, int]:
+def occupancy(s: GemmSchedule, p: Problem, gpu: GpuSpec) -> tuple[int, int, int]:
     """``(blocks per SM, registers per thread, shared bytes per block)``; 0 blocks when
     the block does not fit at all."""
     v = _view(s)
@@ -192,7 +180,7 @@ def _step_us(v: _View, gpu: GpuSpec) -> float:
     return issue + copy / v.steps_per_copy
 
 
-def estimate(s: AnySchedule, p: Problem, gpu: GpuSpec) -> Estimate:
+def estimate(s: GemmSchedule, p: Problem, gpu: GpuSpec) -> Estimate:
     """Predicted time of ``s`` on ``p`` (``inf`` if it does not fit or tile ``p``)."""
     v = _view(s)
     per_sm, regs, smem = occupancy(s, p, gpu)
@@ -258,8 +246,8 @@ def _overlap(*parts: float) -> float:
     return sum(t ** 3 for t in parts) ** (1 / 3)
 
 
-def rank(space: Sequence[AnySchedule], p: Problem, gpu: GpuSpec
-         ) -> list[tuple[AnySchedule, Estimate]]:
+def rank(space: Sequence[GemmSchedule], p: Problem, gpu: GpuSpec
+         ) -> list[tuple[GemmSchedule, Estimate]]:
     """The schedules that fit ``p``, fastest predicted first (ties: the earlier in
     ``space``, so the library space's built-in choice wins a tie)."""
     scored = [(i, s, estimate(s, p, gpu)) for i, s in enumerate(space)]

@@ -9,7 +9,7 @@ well enough to prune, and a tuned entry can never be one that measured slower th
 when it measured more than ``min_gain`` faster, so timing noise alone does not write a
 different schedule into the cache. The default space is the library's
 (:func:`~lowvm.tune.space.library_space`: schedules ``quant_linear`` accepts for the
-problem); a generic :class:`~lowvm.tune.schedule.Schedule` space can still be passed.
+problem); another list of schedules can be passed.
 
 The measurement is injected (``measure(schedule) -> seconds``): on the GPU it compiles
 and times a kernel (:func:`lowvm.tune.measure.cuda_measure`); in tests it is a fake.
@@ -27,11 +27,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lowvm.kernels.gemm_schedule import GemmSchedule
 from lowvm.tune.cache import TuneCache, TuneKey, schedule_from_entry, schedule_to_json
 from lowvm.tune.errors import TuneError
 from lowvm.tune.gpu import GpuSpec
-from lowvm.tune.model import AnySchedule, rank
-from lowvm.tune.schedule import Problem
+from lowvm.tune.model import rank
+from lowvm.tune.problem import Problem
 
 __all__ = ["Autotuner", "TuneResult"]
 
@@ -41,18 +42,18 @@ class TuneResult:
     """What one ``tune`` call chose and how."""
 
     key: TuneKey
-    schedule: AnySchedule
+    schedule: GemmSchedule
     seconds: float                       # measured (or cached) time of ``schedule``
     from_cache: bool
     space_size: int = 0                  # feasible schedules the model ranked
     measured: int = 0                    # candidates measured by this call
     failures: dict[str, str] = field(default_factory=dict)  # schedule -> error
-    model_pick: AnySchedule | None = None   # the model's top-1
+    model_pick: GemmSchedule | None = None   # the model's top-1
     model_pick_seconds: float | None = None
     exhaustive: bool = False
     best_rank_in_model: int | None = None  # where the measured best sat in the ranking
     topk_best_seconds: float | None = None  # best of the model's top-k (exhaustive only)
-    builtin: AnySchedule | None = None   # the library's own choice, always measured
+    builtin: GemmSchedule | None = None   # the library's own choice, always measured
     builtin_seconds: float | None = None  # its measured time (inf: it failed)
     builtin_rank_in_model: int | None = None  # where the model put it (None: unranked)
 
@@ -102,15 +103,15 @@ class TuneResult:
         return text
 
 
-def _text_progress(items: Sequence[AnySchedule], desc: str) -> Iterator[AnySchedule]:
+def _text_progress(items: Sequence[GemmSchedule], desc: str) -> Iterator[GemmSchedule]:
     """``desc: i/n`` lines on stderr: the bar's stand-in where tqdm is not installed."""
     for i, item in enumerate(items):
         print(f"{desc}: {i + 1}/{len(items)}", file=sys.stderr, flush=True)
         yield item
 
 
-def _progress(items: Sequence[AnySchedule], desc: str, enabled: bool
-              ) -> Iterable[AnySchedule]:
+def _progress(items: Sequence[GemmSchedule], desc: str, enabled: bool
+              ) -> Iterable[GemmSchedule]:
     """A tqdm bar over ``items`` when ``enabled`` (text lines without tqdm)."""
     if not enabled:
         return items
@@ -141,7 +142,7 @@ class Autotuner:
         self.progress = progress
         self.min_gain = float(min_gain)
 
-    def _time(self, s: AnySchedule, failures: dict[str, str]) -> float:
+    def _time(self, s: GemmSchedule, failures: dict[str, str]) -> float:
         try:
             t = float(self.measure(s))
         except Exception as exc:  # a candidate that fails to compile or run loses
@@ -153,8 +154,8 @@ class Autotuner:
         return t
 
     def tune(self, problem: Problem, dtype: str, *,
-             space: Sequence[AnySchedule] | None = None,
-             builtin: AnySchedule | None = None, exhaustive: bool = False,
+             space: Sequence[GemmSchedule] | None = None,
+             builtin: GemmSchedule | None = None, exhaustive: bool = False,
              force: bool = False) -> TuneResult:
         """The best schedule for ``problem`` with ``dtype`` weights: from the cache, or
         by measuring the model's top-k (every feasible schedule if ``exhaustive``) and
@@ -162,7 +163,7 @@ class Autotuner:
 
         ``space`` None: the library's space for ``problem`` and, unless ``builtin`` is
         given, its built-in choice (what ``quant_linear`` would run untuned). With a
-        ``space``, ``builtin`` is measured only if given (a generic space has none).
+        ``space``, ``builtin`` is measured only if given.
         """
         if not isinstance(problem, Problem):
             raise TuneError(f"problem={problem!r}: expected a lowvm.tune.Problem")
@@ -171,12 +172,12 @@ class Autotuner:
         if not force and not exhaustive:
             hit = self.cache.get(key)
             if hit is not None:
-                return self._cached(key, hit)
+                return self._cached(key, hit, problem.m)
         if space is None:
             from lowvm.tune.space import builtin_schedule, library_space
 
             builtin = builtin if builtin is not None else builtin_schedule(problem)
-            candidates: list[AnySchedule] = list(library_space(problem, builtin))
+            candidates: list[GemmSchedule] = list(library_space(problem, builtin))
         else:
             candidates = list(space)
         ranked = rank(candidates, problem, self.gpu)
@@ -213,13 +214,13 @@ class Autotuner:
         return result
 
     @staticmethod
-    def _cached(key: TuneKey, hit: dict[str, Any]) -> TuneResult:
-        """A result from a cache entry (either format)."""
+    def _cached(key: TuneKey, hit: dict[str, Any], m: int) -> TuneResult:
+        """A result from a cache entry (either format) used at batch ``m``."""
         try:
             builtin = (schedule_from_entry({"schedule": hit["builtin"],
-                                            "schedule_type": hit.get("schedule_type")})
+                                            "schedule_type": hit.get("schedule_type")}, m)
                        if hit.get("builtin") is not None else None)
-            return TuneResult(key, schedule_from_entry(hit), float(hit["seconds"]),
+            return TuneResult(key, schedule_from_entry(hit, m), float(hit["seconds"]),
                               from_cache=True, space_size=int(hit.get("space", 0)),
                               builtin=builtin,
                               builtin_seconds=(float(hit["builtin_seconds"])
@@ -237,7 +238,7 @@ class Autotuner:
                  "measured": r.measured, "space": r.space_size, "exhaustive": r.exhaustive,
                  "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
                      timespec="seconds")}
-        if r.builtin is not None and type(r.builtin) is type(r.schedule):
+        if r.builtin is not None:
             entry["builtin"] = schedule_to_json(r.builtin)["schedule"]
             entry["builtin_seconds"] = (r.builtin_seconds
                                         if r.builtin_seconds is not None

@@ -20,18 +20,18 @@ import pytest
 import lowvm
 import lowvm.lang as vm
 from lowvm.codegen.fast_cast import (
+    OPERATIONS,
     Op,
-    pair_span,
     plan_cast,
     plan_hardware_cast,
     plan_work,
-    recipe,
     simulate,
 )
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.driver import generate_cuda
 from lowvm.dtypes import all_dtypes, bfloat16, decode, float16, pack
 from lowvm.instructions.values import from_codes, to_codes
+from lowvm.layouts.cast_recipe import pair_span
 
 LOW_BIT = [d for d in all_dtypes() if d.nbits <= 8]
 DSTS = [float16, bfloat16]
@@ -312,17 +312,33 @@ def test_a_wrong_constant_is_caught_by_the_model():
     assert not np.array_equal(simulate(broken, words, dst, size), want)
 
 
-def test_recipe_table():
-    assert recipe(lowvm.int4, float16).magic == 0x6400
-    assert recipe(lowvm.int7, bfloat16).magic == 0x4300
-    assert recipe(lowvm.int8, bfloat16).method == "int8_f32"
-    e5m2 = recipe(lowvm.float8_e5m2, float16)
-    assert e5m2.shift == 0 and e5m2.scale == 0 and e5m2.special_max == 0  # just a shift
-    assert recipe(lowvm.float8_e4m3, float16).special_max != 0
+def test_uncovered_pairs_have_no_plan():
     for src, dst in NOT_COVERED:
-        assert recipe(src, dst) is None and plan_cast(src, dst, 8) is None
-    assert recipe(lowvm.int4, lowvm.float32) is None
-    assert recipe(lowvm.float16, bfloat16) is None
+        assert plan_cast(src, dst, 8) is None and plan_hardware_cast(src, dst, 8) is None
+
+
+def test_every_operation_kind_has_a_meaning_and_a_template_of_known_fields():
+    """The table is the one place a kind is defined: its templates name only fields the
+    printer fills in, the plans use only its kinds and every kind is used by one."""
+    from string import Formatter
+
+    from lowvm.codegen.fast_cast.emit import _FIELD_VALUES
+
+    for name, kind in OPERATIONS.items():
+        for template in (kind.cuda, kind.cuda_half):
+            fields = {f for _, f, _, _ in Formatter().parse(template) if f is not None}
+            assert fields <= set(_FIELD_VALUES), (name, fields - set(_FIELD_VALUES))
+    used = set()
+    for src, dst in COVERED:
+        for size in (3, 8, 32):
+            span = pair_span(src, dst, size)
+            perm = None if span is None else _split_perm(size, span)
+            for ops in (plan_cast(src, dst, size, perm), plan_cast(src, dst, size),
+                        plan_hardware_cast(src, dst, size)):
+                used |= {op.kind for op in ops or ()}
+    assert used == set(OPERATIONS)
+    with pytest.raises(ValueError, match="unknown operation 'nop'"):
+        simulate([Op("nop", "v1")], np.zeros((1, 1), np.uint32), float16, 1)
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 import lowvm
-from lowvm.codegen.fast_cast import pair_span, plan_cast, plan_work, simulate
+from lowvm.codegen.fast_cast import plan_cast, plan_work, simulate
 from lowvm.driver import generate_cuda
 from lowvm.dtypes import all_dtypes, bfloat16, float16
 from lowvm.kernels.library import fits_float16, quantize_to_codes
 from lowvm.kernels.quant_gemm import quant_gemm, repack_weights, weight_layouts
 from lowvm.kernels.schedules import choose_schedule
+from lowvm.layouts.cast_recipe import pair_span
 from lowvm.layouts.register import local_permutation
 from tests.codegen.test_fast_cast import (
     NOT_COVERED,

@@ -179,8 +179,8 @@ def test_the_planner_names_a_wgmma_schedule_it_refuses():
     from lowvm.kernels.gemm_schedule import GemmSchedule
 
     weight = SimpleNamespace(n=4096, k=4096, bk=128, wtype=lowvm.int4, group=128)
-    s = GemmSchedule(bm=100, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
-    with pytest.raises(lowvm.LowvmError, match="bm=100 rows of x: accepted a multiple of 8"):
+    s = GemmSchedule(bm=100, bn=128, bk=128, warps_m=8, warps_n=1, stages=3)  # not marked
+    with pytest.raises(lowvm.LowvmError, match="bm=100: the wgmma GEMM takes a multiple of 8"):
         plan(WGMMA, 64, weight, lowvm.float16, False, s)
 
 

@@ -18,6 +18,7 @@ from lowvm.layouts import (
     swizzle_128b,
     visualize,
 )
+from lowvm.layouts.shared import staged_layout
 
 
 def test_shared_row_and_column_major():
@@ -136,3 +137,15 @@ def test_writing_two_rows_onto_one_stride_0_row_raises(by_copy):
 def test_a_stride_0_shared_tile_compiles_for_sm_80():
     src = lowvm.compile(broadcast_rows, arch="sm_80").source
     assert "cp.async" in src
+
+
+def test_staged_layout_keeps_each_stage_laid_out_as_before():
+    sw = vm.swizzle_128b(16, 64, vm.float16)
+    staged = staged_layout(sw, 3, 16)
+    offs = staged.offsets()
+    stride = staged.strides[0]
+    assert stride % (1 << (sw.swizzle.base + sw.swizzle.shift + sw.swizzle.bits)) == 0
+    for s in range(3):
+        assert np.array_equal(offs[s], s * stride + sw.offsets())
+    odd = staged_layout(vm.shared_row_major(3, 5), 2, 16)  # 15 elements -> 16 (32 bytes)
+    assert odd.strides == (16, 5, 1) and odd.shape == (2, 3, 5)

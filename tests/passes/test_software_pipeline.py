@@ -21,7 +21,7 @@ from lowvm.kernels.matmul_f16 import matmul_f16
 from lowvm.kernels.quant_matmul import quant_matmul, quantize_weights
 from lowvm.passes import PIPELINE
 from lowvm.passes.rewrite import map_statements
-from lowvm.passes.software_pipeline import pipeline_loops, staged_layout
+from lowvm.passes.software_pipeline import pipeline_loops
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 RNG = np.random.default_rng(7)
@@ -168,18 +168,6 @@ def test_commit_groups_in_flight_at_each_wait(monkeypatch):
     assert seen[:trips] == [(stages - 1, stages - 2)] * trips
     assert seen[trips] == (stages - 1, 0)  # the drain (the last S - 1 groups are empty)
     assert len(seen) == trips + 1  # one block
-
-
-def test_staged_layout_keeps_each_stage_laid_out_as_before():
-    sw = vm.swizzle_128b(16, 64, vm.float16)
-    staged = staged_layout(sw, 3, 16)
-    offs = staged.offsets()
-    stride = staged.strides[0]
-    assert stride % (1 << (sw.swizzle.base + sw.swizzle.shift + sw.swizzle.bits)) == 0
-    for s in range(3):
-        assert np.array_equal(offs[s], s * stride + sw.offsets())
-    odd = staged_layout(vm.shared_row_major(3, 5), 2, 16)  # 15 elements -> 16 (32 bytes)
-    assert odd.strides == (16, 5, 1) and odd.shape == (2, 3, 5)
 
 
 def test_stages_one_and_none_leave_the_loop_as_written():

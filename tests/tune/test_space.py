@@ -15,7 +15,6 @@ from lowvm.kernels.quant_gemm import quant_gemm
 from lowvm.tune import (
     H100_SXM,
     Problem,
-    Schedule,
     TuneError,
     builtin_schedule,
     estimate,
@@ -100,8 +99,8 @@ def test_runnable_reason_rejects_what_quant_linear_rejects():
     assert "format" in why(bn=32, warps_n=1)
     assert "x_whole" in runnable_reason(GemmSchedule(x_whole=512, x_rows=1), 1, 64, 1024,
                                         128)
-    assert "x_rows" in why(x_rows=1)
-    assert "k_slice" in why(k_slice=24)
+    assert "l2_ahead" in runnable_reason(GemmSchedule(x_whole=256, x_rows=1, l2_ahead=1), 1,
+                                         64, 256, 128)
     assert "shared memory" in why(bm=128, warps_m=4, stages=4, prefetch=2)
 
 
@@ -171,7 +170,6 @@ def test_the_model_ranks_the_builtin_choice_and_refuses_what_does_not_run():
     ranked = rank(space, P1, H100_SXM)
     assert len(ranked) == len(space) and space[0] in [s for s, _ in ranked]
     assert not estimate(GemmSchedule(bk=64), P1, H100_SXM).fits     # not the format
-    assert estimate(Schedule(16, 64, 128, 1, 4), P1, H100_SXM).fits  # generic: as before
     with pytest.raises(TuneError, match="schedule="):
         estimate("16x64", P1, H100_SXM)
 
@@ -209,23 +207,29 @@ def test_wgmma_space_varies_the_builtin_choice(monkeypatch):
     assert {s.bm for s in found} == {32, 64, 128, 256}
     assert space.runnable_reason(base, 256, 6144, 4096, 128) is None
     # the cache keeps the kind of kernel with every other field
-    assert schedule_from_entry(schedule_to_json(base)) == base
+    assert schedule_from_entry(schedule_to_json(base), 256) == base
 
 
 def test_wgmma_refusal_names_the_value():
+    from dataclasses import replace
+
     from lowvm.kernels.gemm_schedule import GemmSchedule
     from lowvm.kernels.library import wgmma_refusal
 
     ok = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, split=2, stages=3,
                       prefetch=1, wgmma=True)
     assert wgmma_refusal(ok, 4096, 4096, 128) is None
-    cases = [(dict(bm=100), "bm=100"), (dict(bn=96), "bn=96"), (dict(warps_n=2), "warps_n=2"),
-             (dict(split=3), "split x prefetch"), (dict(x_whole=512), "x_whole"),
+    cases = [(dict(split=3), "split x prefetch"), (dict(bn=256), "N=4224"),
              (dict(bm=256, stages=4, prefetch=2), "shared memory"), (dict(bk=64), "bk=64")]
     for change, needle in cases:
-        from dataclasses import replace
-
-        reason = wgmma_refusal(replace(ok, **change), 4096, 4096, 128)
+        reason = wgmma_refusal(replace(ok, **change), 4224, 4096, 128)
+        assert reason is not None and needle in reason, (change, reason)
+    # a schedule not marked wgmma=True meets the kernel's field rules here
+    unmarked = replace(ok, wgmma=False)
+    assert wgmma_refusal(unmarked, 4096, 4096, 128) is None
+    for change, needle in [(dict(bm=100), "bm=100"), (dict(warps_n=2), "warps_m=8"),
+                           (dict(x_whole=512, stages=None), "x_whole=512")]:
+        reason = wgmma_refusal(replace(unmarked, **change), 4096, 4096, 128)
         assert reason is not None and needle in reason, (change, reason)
 
 
@@ -237,18 +241,3 @@ def test_a_wgmma_schedule_is_not_a_quant_gemm_one():
 
     s = GemmSchedule(bm=128, bn=128, bk=128, warps_m=8, warps_n=1, stages=3, wgmma=True)
     assert "wgmma schedule" in plan_refusal(s, 4096, 128)
-
-
-def test_swap_ab_is_refused_without_one_held_row_of_x():
-    """swap_ab computes y^T one row of x at a time: plan_refusal (so quant_linear and the
-    tuner) names it with x_rows, warps_m and k_slice when they do not allow that."""
-    from lowvm.kernels.gemm_schedule import GemmSchedule
-    from lowvm.kernels.library import plan_refusal
-
-    ok = GemmSchedule(x_whole=4096, x_rows=1, swap_ab=True)
-    assert plan_refusal(ok, 4096, 128) is None
-    for bad, shown in ((dataclasses.replace(ok, x_rows=0), "x_rows=0"),
-                       (dataclasses.replace(ok, bm=32, warps_m=2), "warps_m=2"),
-                       (dataclasses.replace(ok, k_slice=32), "k_slice=32")):
-        reason = plan_refusal(bad, 4096, 128)
-        assert reason and "swap_ab" in reason and shown in reason, reason

@@ -11,7 +11,6 @@ from lowvm.tune import (
     H100_SXM,
     Autotuner,
     Problem,
-    Schedule,
     TuneCache,
     TuneError,
     TuneKey,
@@ -21,7 +20,6 @@ from lowvm.tune import (
     library_space,
     m_bucket,
     rank,
-    schedule_space,
 )
 from lowvm.tune import cache as cache_mod
 
@@ -44,9 +42,9 @@ class FakeMeasure:
 
     def __init__(self, fn=None):
         self.fn = fn or _predicted
-        self.calls: list[Schedule] = []
+        self.calls: list[GemmSchedule] = []
 
-    def __call__(self, s: Schedule) -> float:
+    def __call__(self, s: GemmSchedule) -> float:
         self.calls.append(s)
         return self.fn(s)
 
@@ -146,12 +144,12 @@ def test_the_builtin_choice_is_measured_even_when_the_model_ranks_it_last(tmp_pa
         assert len(fake.calls) == top_k + 1 and fake.calls[-1] == BUILTIN
         assert result.schedule == BUILTIN and result.is_builtin
         assert result.gain_over_builtin == 0 and "the built-in choice" in result.summary()
-    # a generic space with an explicit built-in choice outside it
-    generic = [Schedule(16, 64, 128, 1, 4, split_k=2)]
+    # a given space with an explicit built-in choice outside it
+    given = [GemmSchedule(split=2, stages=3)]
     fake = FakeMeasure(lambda s: 3e-6)
-    result = _tuner(tmp_path, fake, top_k=1).tune(PROBLEM, "int4", space=generic,
+    result = _tuner(tmp_path, fake, top_k=1).tune(PROBLEM, "int4", space=given,
                                                   builtin=space[0], force=True)
-    assert fake.calls == [generic[0], space[0]] and result.is_builtin
+    assert fake.calls == [given[0], space[0]] and result.is_builtin
 
 
 def test_a_winner_reports_how_much_it_beat_the_builtin_choice(tmp_path):
@@ -220,7 +218,7 @@ def test_force_retunes_and_overwrites(tmp_path):
 
 
 def test_exhaustive_mode_reports_how_close_the_model_came(tmp_path):
-    space = schedule_space("decode")[:60]
+    space = library_space(PROBLEM)[:60]
     ranked = [s for s, _ in rank(space, PROBLEM, H100_SXM)]
     truth = {s: 10e-6 + i * 1e-7 for i, s in enumerate(reversed(ranked))}  # model is backwards
     fake = FakeMeasure(lambda s: truth[s])
@@ -236,7 +234,7 @@ def test_exhaustive_mode_reports_how_close_the_model_came(tmp_path):
 
 
 def test_exhaustive_mode_with_a_faithful_model_has_no_gap(tmp_path):
-    space = schedule_space("decode")[:80]
+    space = library_space(PROBLEM)[:80]
     result = _tuner(tmp_path, FakeMeasure(), top_k=4).tune(PROBLEM, "int4", space=space,
                                                            exhaustive=True)
     assert result.model_gap == 0 and result.topk_gap == 0 and result.best_rank_in_model == 1
@@ -270,7 +268,7 @@ def test_all_failing_is_an_error_and_caches_nothing(tmp_path):
 def test_no_fitting_schedule_and_bad_top_k(tmp_path):
     with pytest.raises(TuneError, match="no schedule"):
         _tuner(tmp_path, FakeMeasure()).tune(
-            PROBLEM, "int4", space=[Schedule(16, 64, 64, 1, 1, split_k=4096)])
+            PROBLEM, "int4", space=[GemmSchedule(split=4096)])
     with pytest.raises(TuneError, match="top_k"):
         Autotuner(FakeMeasure(), H100_SXM, top_k=0)
 
@@ -352,9 +350,10 @@ def test_entries_of_the_first_format_still_load_with_one_warning(tmp_path, monke
     monkeypatch.setattr(cache_mod, "_LEGACY_WARNED", set())
     monkeypatch.setattr(lookup, "_device_name", lambda device: "Test GPU")
     cache = TuneCache(tmp_path / "tune.json")
-    old = Schedule(16, 64, 128, 1, 4, stages=3, split_k=2)
+    old = {"bm": 16, "bn": 64, "bk": 128, "warps_m": 1, "warps_n": 4, "stages": 3,
+           "split_k": 2}
     key = TuneKey.for_problem("Test GPU", "int4", 128, 256, 1024, 1)
-    cache.put(key, {"schedule": old.constants(), "seconds": 1e-5})   # what v1 wrote
+    cache.put(key, {"schedule": old, "seconds": 1e-5})   # what the first format wrote
     with pytest.warns(UserWarning, match="first format"):
         s = lookup.tuned_schedule(1, qw, cache)
     assert s == GemmSchedule(split=2, stages=3, prefetch=1, fused_split=True)
@@ -365,13 +364,28 @@ def test_entries_of_the_first_format_still_load_with_one_warning(tmp_path, monke
         assert lookup.tuned_schedule(1, qw, cache) == s
     hit = Autotuner(FakeMeasure(), H100_SXM.with_(name="Test GPU"), cache=cache,
                     progress=False).tune(Problem(1, 256, 1024, 4, 128), "int4")
-    assert hit.from_cache and hit.schedule == old and hit.builtin is None
+    assert hit.from_cache and hit.schedule == s and hit.builtin is None
+
+
+@pytest.mark.parametrize("old", [
+    {"bm": 16, "bn": 64, "bk": 128, "warps_m": 1},              # no warps_n
+    {"bm": 16, "bn": 64, "bk": 128, "warps_m": 1, "warps_n": 4, "swizzle": 1},
+    {"bm": 16, "bn": 64, "bk": 128, "warps_m": 1, "warps_n": 0},
+])
+def test_malformed_entries_of_the_first_format_name_what_is_accepted(tmp_path, old):
+    cache = TuneCache(tmp_path / "tune.json")
+    cache.put(TuneKey.for_problem("Test GPU", "int4", 128, 256, 1024, 1),
+              {"schedule": old, "seconds": 1e-5})
+    with pytest.raises(TuneError, match="first format.*warps_n.*split_k"):
+        Autotuner(FakeMeasure(), H100_SXM.with_(name="Test GPU"), cache=cache,
+                  progress=False).tune(Problem(1, 256, 1024, 4, 128), "int4")
 
 
 @pytest.mark.parametrize("schedule, needle", [
     ({"bm": 16, "x_whole": "512"}, "x_whole='512'"),
     ({"bm": 16, "swizzle": 1}, "unknown fields"),
     ({"bm": 16, "stages": 2.5}, "stages=2.5"),
+    ({"bm": 16, "swap_ab": True}, "swap_ab=True"),                # fields no kernel runs
 ])
 def test_malformed_entries_are_errors_for_the_tuner_and_ignored_by_the_library(
         tmp_path, monkeypatch, schedule, needle):
