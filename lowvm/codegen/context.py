@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from lowvm.dtypes import DType, bfloat16, float16, float32, int8, int32, uint8
-from lowvm.expr import BinOp, Const, ExprLike, Select, UnaryOp, Var, as_expr
+from lowvm.expr import INT32_MAX, INT32_MIN, BinOp, Const, ExprLike, Select, UnaryOp, Var, as_expr
 from lowvm.ir import BOOL, Program, ProgramError, RegisterTensor, SharedTensor
 from lowvm.layouts import RegisterLayout
 
-__all__ = ["CudaContext", "c_type", "is_packed"]
+__all__ = ["CudaContext", "c_type", "c_size", "is_packed"]
 
 _NATIVE = {float16: "__half", bfloat16: "__nv_bfloat16", float32: "float", int32: "int",
            int8: "lowvm_i8", uint8: "lowvm_u8", BOOL: "bool"}
@@ -36,6 +36,15 @@ def c_type(dt: DType) -> str:
     except KeyError:
         raise ProgramError(
             f"{dt.name} has no native C type; it lives packed in registers") from None
+
+
+_NATIVE_BYTES = {"__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "lowvm_i8": 1,
+                 "lowvm_u8": 1, "bool": 1}
+
+
+def c_size(dt: DType) -> int:
+    """Bytes of one element of a native type's C array."""
+    return _NATIVE_BYTES[c_type(dt)]
 
 
 def _float_kind(dt: DType) -> int:
@@ -59,6 +68,8 @@ class CudaContext:
         self.scratch_offset = 0
         self.scratch_bytes = 0
         self.waits_prior_grid = False  # a wait_prior_grid was emitted
+        #: bytes of ``__shared__`` variables the body declares (beside the dynamic buffer)
+        self.static_shared_bytes = 0
         #: the tensor cores read shared memory (wgmma): barriers first order the threads'
         #: shared writes before the async proxy's reads (set before the body is emitted)
         self.uses_async_proxy = False
@@ -97,6 +108,10 @@ class CudaContext:
                 if math.isinf(v):
                     return "(1.0f/0.0f)" if v > 0 else "(-1.0f/0.0f)"
                 return f"{v!r}f"
+            if not INT32_MIN <= v <= INT32_MAX:  # C would make its subexpression 64-bit
+                raise ProgramError(f"the integer constant {v} in a runtime expression does "
+                                   f"not fit int32 [{INT32_MIN}, {INT32_MAX}], the type of "
+                                   "the kernel's index and loop arithmetic")
             return str(v)
         if isinstance(e, Var):
             return e.name
