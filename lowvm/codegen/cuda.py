@@ -66,6 +66,8 @@ def _emit(stmt: Stmt, cg: CudaContext) -> None:
         if is_const(stmt.step):
             step = cg.expr(stmt.step)
             test = f"{var} {'>' if const_value(stmt.step) < 0 else '<'} {stop}"
+            if const_value(stmt.step) > 0 and cg.is_nonnegative(stmt.start):
+                cg.signs[var] = frozenset()  # counts up from a value >= 0
         else:
             # a runtime step: up or down by its sign, as Python's range; a step of 0
             # (refused before launch where the arguments decide it) stops the kernel
@@ -86,6 +88,9 @@ def _emit(stmt: Stmt, cg: CudaContext) -> None:
                 _emit(stmt.else_body, cg)
     elif isinstance(stmt, LetStmt):
         cg.line(f"const auto {stmt.var.name} = {cg.expr(stmt.value)};")
+        sign = cg.sign(stmt.value)
+        if sign is not None:
+            cg.signs[stmt.var.name] = sign
     else:
         raise ProgramError(f"cannot lower the statement {type(stmt).__name__}")
 
