@@ -2,8 +2,8 @@
 
 :func:`shrink` is greedy: it proposes simpler variants of the spec (fewer ops, fewer
 inputs, smaller extents and tiles, fewer warps, global paths instead of shared ones, no
-pipelining, simpler types), keeps the first that is still valid
-(:func:`lowvm.fuzz.generate.validate`) and still fails the same way (the caller's
+pipelining, no integer wrap or runtime step, simpler types), keeps the first that is
+still valid (:func:`lowvm.fuzz.generate.validate`) and still fails the same way (the caller's
 predicate), and starts over from it, until no variant fails or the budget runs out.
 
 :func:`save_regression` writes the result as a JSON file that

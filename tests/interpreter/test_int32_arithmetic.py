@@ -164,3 +164,15 @@ def test_an_atomic_add_of_a_replicated_inferred_tile_is_refused_plainly():
 
     with pytest.raises(lowvm.ProgramError, match="replicated 32 times"):
         prog.build()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [4, 65536, 46341, 92682])
+def test_gpu_reads_what_the_interpreter_reads(n):
+    import torch
+
+    x = torch.arange(1, 65, dtype=torch.float32, device="cuda")
+    out = torch.full((32,), -1.0, device="cuda")
+    lowvm.compile(square_index)(n, x, out)
+    torch.cuda.synchronize()
+    assert np.array_equal(out.cpu().numpy(), _run_square(n))
