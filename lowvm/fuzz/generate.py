@@ -25,6 +25,7 @@ import numpy as np
 
 import lowvm.fuzz.numerics as nm
 from lowvm.dtypes import DType
+from lowvm.expr import wrap_int32
 from lowvm.fuzz.analysis import Invalid, Val, analyze, apply_op, input_val
 from lowvm.fuzz.build import is_packed, storage_type
 from lowvm.fuzz.spec import BINARY, COMPARE, REDUCE, Input, Layout, Op, Spec
@@ -506,10 +507,6 @@ def with_data(spec: Spec, rng: random.Random) -> Spec:
 _INT32_MAX = 2**31 - 1
 
 
-def _int32(value: int) -> int:
-    return (value + 2**31) % 2**32 - 2**31
-
-
 def _runtime_ints(rng: random.Random, spec: Spec) -> tuple[int, int, int, int]:
     """``(u, v, t, s)``: ``u * v + t`` is a row shift within a tile either way, reached
     through a product or a sum that leaves int32 (mostly), and ``s`` a step of either
@@ -531,7 +528,7 @@ def _runtime_ints(rng: random.Random, spec: Spec) -> tuple[int, int, int, int]:
             u, v = -65536, 32768  # INT32_MIN exactly
         else:
             u, v = rng.randint(-3, 3), rng.randint(-3, 3)  # nothing wraps
-        t = _int32(delta - _int32(u * v))
+        t = wrap_int32(delta - wrap_int32(u * v))
     if spec.runtime_step:
         s = rng.choice((1, -1, -1, 2, -2, 3, -3))
     return u, v, t, s

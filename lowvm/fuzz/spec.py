@@ -34,6 +34,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from lowvm.expr import wrap_int32
+
 __all__ = ["Layout", "Input", "Op", "Spec", "FAMILIES", "SHAPES", "PATHS", "SMEM",
            "UNARY", "BINARY", "COMPARE", "REDUCE", "ACCUMULATE", "spec_from_json",
            "spec_to_json", "features", "dumps"]
@@ -155,7 +157,7 @@ class Spec:
         if not self.wrap:
             return 0
         u, v, t, _ = self.ints
-        return _int32(_int32(u * v) + t)
+        return wrap_int32(wrap_int32(u * v) + t)
 
     @property
     def shift_overflows(self) -> bool:
@@ -163,17 +165,14 @@ class Spec:
         if not self.wrap:
             return False
         u, v, t, _ = self.ints
-        return _int32(u * v) != u * v or _int32(_int32(u * v) + t) != _int32(u * v) + t
+        product = wrap_int32(u * v)
+        return product != u * v or wrap_int32(product + t) != product + t
 
     def structure(self) -> Spec:
         """The spec without its data (extents, seed, runtime integers): what the CUDA
         source depends on."""
         return dataclasses.replace(self, extent=(1, 1, 1), data_seed=0, ints=(0, 0, 0, 1))
 
-
-def _int32(value: int) -> int:
-    """``value`` as a 32-bit register holds it (two's complement)."""
-    return (value + 2**31) % 2**32 - 2**31
 
 
 def _to_jsonable(obj: Any) -> Any:
