@@ -2,10 +2,10 @@
 
 The program's parameters are ``m, n, k`` (int32 extents), then ``u, v, t`` (``wrap``)
 and ``s`` (``runtime_step``), one pointer per input (``a``/``b`` first for the ``dot``
-family) and ``out``. Inputs whose type has no buffer
-type of its own (every type of at most 8 bits other than int8/uint8) travel as uint8
-bytes of packed codes and are ``vm.view``-ed after the load, as the kernel library
-does with packed weights. See :mod:`lowvm.fuzz.spec` for the three families.
+family) and ``out``. Inputs whose type has no buffer type of its own (every type of at
+most 8 bits other than int8/uint8) travel as uint8 bytes of packed codes and are
+``vm.view``-ed after the load, as the kernel library does with packed weights. See
+:mod:`lowvm.fuzz.spec` for the three families.
 """
 
 from __future__ import annotations
