@@ -15,18 +15,27 @@ the CUDA source, ``3`` also the compiler's resource report.
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any
 
 from lowvm.codegen import CudaSource, emit_cuda
-from lowvm.expr import compile_exprs
-from lowvm.ir import DEFAULT_MAX_SHARED_BYTES, PointerType, Program, ProgramError
+from lowvm.expr import compile_exprs, evaluate_int32, free_vars, is_const
+from lowvm.ir import (
+    DEFAULT_MAX_SHARED_BYTES,
+    ForStmt,
+    PointerType,
+    Program,
+    ProgramError,
+    located_message,
+    walk,
+)
 from lowvm.passes import run_passes
 from lowvm.passes.layout_inference import infer_layouts
 from lowvm.passes.software_pipeline import pipeline_loops
 
 __all__ = ["elaborate", "lower", "generate_cuda", "CompiledProgram", "compile",
-           "current_arch", "arch_for"]
+           "current_arch", "arch_for", "check_shared_memory"]
 
 
 def elaborate(program: Program, max_shared_bytes: int = DEFAULT_MAX_SHARED_BYTES) -> Program:
@@ -41,9 +50,38 @@ def lower(program: Program, upto: str | None = None) -> Program:
     return run_passes(program, upto)
 
 
-def generate_cuda(program: Program) -> CudaSource:
-    """The CUDA C++ source of ``program``, after the lowering passes."""
-    return emit_cuda(lower(program))
+def _built(program: Any, constants: dict[str, Any], what: str) -> Program:
+    """``program`` itself, or the program a ``@vm.program`` template builds with
+    ``constants``."""
+    if isinstance(program, Program):
+        if constants:
+            raise ProgramError(f"{what}: {program.name} is already built; constants "
+                               f"{sorted(constants)} cannot be given again")
+        return program
+    build = getattr(program, "build", None)
+    if build is None:
+        raise ProgramError(f"{what}: expected a lowvm Program or a @vm.program function, "
+                           f"got {type(program).__name__}")
+    return build(**constants)
+
+
+def generate_cuda(program: Any, **constants: Any) -> CudaSource:
+    """The CUDA C++ source of ``program`` (a Program, or a ``@vm.program`` function built
+    with ``constants``), after the lowering passes."""
+    return emit_cuda(lower(_built(program, constants, "generate_cuda")))
+
+
+def check_shared_memory(program: Program, cuda: CudaSource, arch: str) -> None:
+    """Refuse a kernel whose block uses more shared memory than ``arch`` allows, before it
+    is compiled (the launch would refuse it, and only on that GPU)."""
+    from lowvm.runtime.arch_limits import shared_bytes_limit
+
+    limit = shared_bytes_limit(arch)
+    used = cuda.shared_bytes + cuda.static_shared_bytes
+    if limit is not None and used > limit:
+        raise ProgramError(f"{program.name} uses {used} bytes of shared memory per block; "
+                           f"{arch} allows at most {limit} ({limit // 1024} KiB): use fewer "
+                           "pipeline stages or smaller tiles, or compile for a GPU with more")
 
 
 def current_arch() -> str:
@@ -87,6 +125,12 @@ class CompiledProgram:
         grid = tuple(program.grid) + (1,) * (3 - len(program.grid))
         self._grid = compile_exprs(grid, tuple(name for _, name in self._scalars))
         self._scalar_index = tuple(i for i, _ in self._scalars)
+        #: runtime loop steps the scalar arguments alone decide: checked before a launch
+        #: (a step of 0 would stop the kernel; a step computed on the GPU is left to it)
+        names = {name for _, name in self._scalars}
+        self._steps = [(stmt.step, stmt.loc) for stmt in walk(program.body)
+                       if isinstance(stmt, ForStmt) and not is_const(stmt.step)
+                       and {v.name for v in free_vars(stmt.step)} <= names]
 
     @property
     def source(self) -> str:
@@ -112,7 +156,24 @@ class CompiledProgram:
             raise ProgramError(f"{self.program.name}: overlap=True needs a program that "
                                "calls vm.wait_prior_grid() before it reads what earlier "
                                "kernels wrote; this one does not")
+        if self._steps:
+            self._check_steps(args)
         self.kernel.launch(self.grid(args), args, stream=stream, overlap=overlap)
+
+    def _check_steps(self, args: tuple[Any, ...]) -> None:
+        """Refuse arguments that make a loop's step 0, naming the loop's line."""
+        from lowvm.runtime import LaunchError
+
+        env = {name: args[i] for i, name in self._scalars}
+        if not all(isinstance(v, numbers.Integral) for v in env.values()):
+            return  # the launch's argument check names the bad one
+        env = {name: int(v) for name, v in env.items()}
+        for step, loc in self._steps:
+            if evaluate_int32(step, env) == 0:
+                raise LaunchError(located_message(
+                    f"{self.program.name}: the vm.range step {step} is 0 for the arguments "
+                    f"{env}; a loop with step 0 never ends (the kernel would stop at it)",
+                    loc))
 
 
 def compile(program: Any, arch: str | None = None, compiler: str = "auto",  # noqa: A001
@@ -120,11 +181,7 @@ def compile(program: Any, arch: str | None = None, compiler: str = "auto",  # no
     """Generate, compile (disk-cached) and wrap a program for launching."""
     from lowvm.runtime import cached_cubin
 
-    if not isinstance(program, Program):
-        program = program.build(**constants)
-    elif constants:
-        raise ProgramError(f"{program.name} is already built; constants {sorted(constants)} "
-                           "cannot be given again")
+    program = _built(program, constants, "compile")
     debug = int(os.environ.get("LOWVM_DEBUG", "0") or 0)
     if debug >= 1:
         print(program)
@@ -132,6 +189,7 @@ def compile(program: Any, arch: str | None = None, compiler: str = "auto",  # no
     if debug >= 2:
         print(cuda.source)
     arch = arch_for(cuda, arch or current_arch())
+    check_shared_memory(program, cuda, arch)
     cubin = cached_cubin(cuda.source, arch, compiler)
     if debug >= 3:
         from lowvm.runtime import resource_usage

@@ -5,6 +5,11 @@ indices mix compile-time and runtime values. An :class:`Expr` is a small immutab
 that folds constants as it is built, evaluates with an environment of bindings, and
 prints as C. Integer division and remainder truncate toward zero, as in C/CUDA, so the
 CPU interpreter and the generated kernel agree on every value.
+
+Two evaluations: :func:`evaluate` with Python's unbounded integers, for what the host
+computes (a launch's grid), and :func:`evaluate_int32` with the GPU's: every integer
+operation of a kernel's index and loop arithmetic is a 32-bit one, so its result wraps
+(or, checked, is reported as :class:`Int32OverflowError`).
 """
 
 from __future__ import annotations
@@ -35,11 +40,23 @@ __all__ = [
     "ExprError",
     "known_multiple",
     "compile_exprs",
+    "evaluate_int32",
+    "wrap_int32",
+    "Int32OverflowError",
+    "INT32_MIN",
+    "INT32_MAX",
 ]
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class ExprError(LowvmError, ValueError):
     """An expression that cannot be built or evaluated (unbound variable, bad operand)."""
+
+
+class Int32OverflowError(ExprError):
+    """A runtime integer expression whose exact value leaves int32, where the GPU's 32-bit
+    arithmetic would wrap it (reported by the checked interpreter)."""
 
 
 ExprLike = Union["Expr", int, float, bool]
@@ -332,10 +349,11 @@ def _binary(op: str, lhs: ExprLike, rhs: ExprLike) -> Expr:
     elif op == "/" and bv == 1:
         return a
     elif op == "/" and _undoes_scaling(a, bv):
-        # (x * c) / c is x: exact for integers (the VM's have no overflow) and, c a power
-        # of two, for floats short of overflow; the C compiler cannot assume it (int32
-        # could wrap), so `kt * bk // group` with bk == group would cost a mask and a
-        # shift per use
+        # (x * c) / c is x: exact for unbounded integers and, c a power of two, for
+        # floats short of overflow. The folded form is what the program means: the
+        # interpreter and the kernel both evaluate it, so they agree where x * c would
+        # wrap in int32. The C compiler cannot assume it (int32 could wrap), so
+        # `kt * bk // group` with bk == group would cost a mask and a shift per use
         return a.lhs if _is_int(const_value(a.rhs), bv) else a.rhs
     elif op == "%" and bv == 1:
         return Const(0)
@@ -409,6 +427,93 @@ def evaluate(expr: ExprLike, env: Mapping[str, int | float | bool] | None = None
     if isinstance(e, Select):
         return evaluate(e.then, env) if evaluate(e.cond, env) else evaluate(e.other, env)
     raise ExprError(f"cannot evaluate {e!r}")
+
+
+def wrap_int32(value: int) -> int:
+    """``value`` modulo 2^32, as a two's complement int32 (what a 32-bit register holds)."""
+    return (value - INT32_MIN) % 2**32 + INT32_MIN
+
+
+def _plain_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def evaluate_int32(expr: ExprLike, env: Mapping[str, int | float | bool] | None = None,
+                   checked: bool = False):
+    """The value of ``expr`` as the GPU computes it: every integer ``+ - * / % << >>`` and
+    negation in int32, its result wrapped to 32 bits; with ``checked``, a result the
+    wrap changes raises :class:`Int32OverflowError` instead.
+
+    ``/`` and ``%`` truncate (C); a shift by a count outside [0, 31] gives what the
+    32-bit shift instructions give (``<<``: 0, ``>>``: the sign) and is reported when
+    ``checked``; ``&&``, ``||`` and selects evaluate only the side C evaluates. An integer
+    constant beyond int32 is refused in both modes (the C compiler would compute its
+    subexpression in 64 bits). Float operands keep Python's float arithmetic.
+    """
+    env = env or {}
+    e = as_expr(expr)
+    if isinstance(e, Const):
+        if _plain_int(e.value) and not INT32_MIN <= e.value <= INT32_MAX:
+            raise ExprError(f"the integer constant {e.value} in a runtime expression does "
+                            f"not fit int32 [{INT32_MIN}, {INT32_MAX}], the type of the "
+                            "GPU's index and loop arithmetic")
+        return e.value
+    if isinstance(e, Var):
+        if e.name not in env:
+            raise ExprError(f"the variable {e.name!r} has no value; bound: {sorted(env)}")
+        return env[e.name]
+    if isinstance(e, BinOp):
+        a = evaluate_int32(e.lhs, env, checked)
+        if e.op == "&&" and not a:
+            return False
+        if e.op == "||" and a:
+            return True
+        b = evaluate_int32(e.rhs, env, checked)
+        if _plain_int(a) and _plain_int(b):
+            return _int32_binary(e, a, b, checked)
+        return _BINARY[e.op](a, b)
+    if isinstance(e, UnaryOp):
+        a = evaluate_int32(e.operand, env, checked)
+        if e.op == "-" and _plain_int(a):
+            return _int32_result(e, -a, checked, f"-({a})")
+        return _UNARY[e.op](a)
+    if isinstance(e, Select):
+        cond = evaluate_int32(e.cond, env, checked)
+        return evaluate_int32(e.then if cond else e.other, env, checked)
+    raise ExprError(f"cannot evaluate {e!r}")
+
+
+def _int32_binary(e: BinOp, a: int, b: int, checked: bool) -> int | bool:
+    op = e.op
+    if op in ("+", "-", "*"):
+        return _int32_result(e, _BINARY[op](a, b), checked, f"{a} {op} {b}")
+    if op in ("/", "%"):
+        if b == 0:
+            raise ExprError(f"division by zero in the runtime expression {e}: {a} {op} 0")
+        exact = _c_div(a, b) if op == "/" else _c_mod(a, b)
+        return _int32_result(e, exact, checked, f"{a} {op} {b}")
+    if op in ("<<", ">>"):
+        if not 0 <= b <= 31:
+            if checked:
+                raise Int32OverflowError(
+                    f"int32 overflow in {e}: a shift by {b}; accepted: shift counts 0 to 31")
+            return 0 if op == "<<" else a >> 31
+        if op == ">>":
+            return a >> b
+        return _int32_result(e, a << b, checked, f"{a} << {b}")
+    return _BINARY[op](a, b)
+
+
+def _int32_result(e: Expr, exact: int, checked: bool, what: str) -> int:
+    """``exact`` wrapped to int32; reported instead when ``checked`` and it does not fit."""
+    if INT32_MIN <= exact <= INT32_MAX:
+        return exact
+    wrapped = wrap_int32(exact)
+    if checked:
+        raise Int32OverflowError(
+            f"int32 overflow in {e}: {what} = {exact}, outside [{INT32_MIN}, {INT32_MAX}] "
+            f"(the GPU's 32-bit arithmetic gives {wrapped})")
+    return wrapped
 
 
 def free_vars(expr: ExprLike) -> frozenset[Var]:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from lowvm.dtypes import DType, bfloat16, float16, float32, int8, int32, uint8
-from lowvm.expr import BinOp, Const, ExprLike, Select, UnaryOp, Var, as_expr
+from lowvm.expr import INT32_MAX, INT32_MIN, BinOp, Const, ExprLike, Select, UnaryOp, Var, as_expr
 from lowvm.ir import BOOL, Program, ProgramError, RegisterTensor, SharedTensor
 from lowvm.layouts import RegisterLayout
 
-__all__ = ["CudaContext", "c_type", "is_packed"]
+__all__ = ["CudaContext", "c_type", "c_size", "is_packed"]
 
 _NATIVE = {float16: "__half", bfloat16: "__nv_bfloat16", float32: "float", int32: "int",
            int8: "lowvm_i8", uint8: "lowvm_u8", BOOL: "bool"}
@@ -36,6 +36,15 @@ def c_type(dt: DType) -> str:
     except KeyError:
         raise ProgramError(
             f"{dt.name} has no native C type; it lives packed in registers") from None
+
+
+_NATIVE_BYTES = {"__half": 2, "__nv_bfloat16": 2, "float": 4, "int": 4, "lowvm_i8": 1,
+                 "lowvm_u8": 1, "bool": 1}
+
+
+def c_size(dt: DType) -> int:
+    """Bytes of one element of a native type's C array."""
+    return _NATIVE_BYTES[c_type(dt)]
 
 
 def _float_kind(dt: DType) -> int:
@@ -59,6 +68,10 @@ class CudaContext:
         self.scratch_offset = 0
         self.scratch_bytes = 0
         self.waits_prior_grid = False  # a wait_prior_grid was emitted
+        #: bytes of ``__shared__`` variables the body declares (beside the dynamic buffer)
+        self.static_shared_bytes = 0
+        #: the signs of loop counters and lets (see :meth:`sign`) where they are known
+        self.signs: dict[str, frozenset[str]] = {}
         #: the tensor cores read shared memory (wgmma): barriers first order the threads'
         #: shared writes before the async proxy's reads (set before the body is emitted)
         self.uses_async_proxy = False
@@ -97,6 +110,10 @@ class CudaContext:
                 if math.isinf(v):
                     return "(1.0f/0.0f)" if v > 0 else "(-1.0f/0.0f)"
                 return f"{v!r}f"
+            if not INT32_MIN <= v <= INT32_MAX:  # C would make its subexpression 64-bit
+                raise ProgramError(f"the integer constant {v} in a runtime expression does "
+                                   f"not fit int32 [{INT32_MIN}, {INT32_MAX}], the type of "
+                                   "the kernel's index and loop arithmetic")
             return str(v)
         if isinstance(e, Var):
             return e.name
@@ -110,6 +127,43 @@ class CudaContext:
         if isinstance(e, Select):
             return f"({self.expr(e.cond)} ? {self.expr(e.then)} : {self.expr(e.other)})"
         raise ProgramError(f"cannot emit the expression {e!r}")
+
+    def sign(self, e: ExprLike, positive: frozenset[frozenset[str]] = frozenset()
+             ) -> frozenset[str] | None:
+        """The sign of the uniform int32 scalar ``e`` as a set of variables: ``e`` is a
+        value >= 0 times the product of their signs (the empty set: ``e >= 0``), or None
+        where that is not known. Exact short of int32 overflow, which the checked
+        interpreter reports. Block indices, constants >= 0 and the counters and lets in
+        :attr:`signs` have known signs; any other variable is its own sign. Products of
+        signs in ``positive`` are known to be positive (they count as the empty set)."""
+        e = as_expr(e)
+        if isinstance(e, Const):
+            return frozenset() if not isinstance(e.value, bool) and e.value >= 0 else None
+        sign: frozenset[str] | None = None
+        if isinstance(e, Var):
+            sign = (frozenset() if e.name.startswith(("blockIdx.", "gridDim."))
+                    else self.signs.get(e.name, frozenset({e.name})))
+        elif isinstance(e, BinOp):
+            a, b = self.sign(e.lhs, positive), self.sign(e.rhs, positive)
+            if a is None or b is None:
+                return None
+            if e.op in ("*", "/"):  # C's quotient has the sign of the product, or is 0
+                sign = a ^ b
+            elif e.op in ("%", ">>"):  # the sign of the left operand, or 0
+                sign = a
+            elif e.op in ("+", "min", "max") and a == b:
+                sign = a
+        elif isinstance(e, Select):
+            a, b = self.sign(e.then, positive), self.sign(e.other, positive)
+            sign = a if a == b else None
+        return frozenset() if sign in positive else sign
+
+    def is_nonnegative(self, e: ExprLike, sizes=()) -> bool:
+        """Whether ``e`` is >= 0 by :meth:`sign`, where each of ``sizes`` may be taken
+        to be >= 1 (a tensor with a size below 1 has nothing inside it): the product of
+        the signs of each size is then positive."""
+        positive = frozenset(sign for sign in map(self.sign, sizes) if sign)
+        return self.sign(e, positive) == frozenset()
 
     # register tiles -----------------------------------------------------------------
     def name(self, tile: RegisterTensor) -> str:

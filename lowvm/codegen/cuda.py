@@ -12,12 +12,14 @@ shared-memory buffer.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
-from lowvm.codegen.context import CudaContext, c_type
+from lowvm.codegen.context import CudaContext, c_size, c_type, is_packed
 from lowvm.codegen.emitters import emit_instruction
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.codegen.shared_alloc import allocate_shared, reused_space
+from lowvm.expr import const_value, is_const
 from lowvm.instructions.plans import WgmmaPlan
 from lowvm.ir import (
     ForStmt,
@@ -27,11 +29,13 @@ from lowvm.ir import (
     PointerType,
     Program,
     ProgramError,
+    RegisterTensor,
     SeqStmt,
     Stmt,
 )
 
-__all__ = ["CudaSource", "emit_cuda"]
+__all__ = ["CudaSource", "emit_cuda", "check_register_tiles", "register_words",
+           "MAX_REGISTERS_PER_THREAD"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class CudaSource:
     waits_prior_grid: bool = False
     #: the kernel uses instructions of sm_90a only (``wgmma``): compile it for ``sm_90a``
     needs_sm90a: bool = False
+    #: bytes of ``__shared__`` variables besides the dynamic ``shared_bytes``
+    static_shared_bytes: int = 0
 
 
 def _emit(stmt: Stmt, cg: CudaContext) -> None:
@@ -56,13 +62,23 @@ def _emit(stmt: Stmt, cg: CudaContext) -> None:
         for s in stmt.stmts:
             _emit(s, cg)
     elif isinstance(stmt, ForStmt):
-        var = stmt.var.name
-        step = cg.expr(stmt.step)
-        compare = ">" if step.startswith("-") else "<"
+        var, stop = stmt.var.name, cg.expr(stmt.stop)
+        if is_const(stmt.step):
+            step = cg.expr(stmt.step)
+            test = f"{var} {'>' if const_value(stmt.step) < 0 else '<'} {stop}"
+            if const_value(stmt.step) > 0 and cg.is_nonnegative(stmt.start):
+                cg.signs[var] = frozenset()  # counts up from a value >= 0
+        else:
+            # a runtime step: up or down by its sign, as Python's range; a step of 0
+            # (refused before launch where the arguments decide it) stops the kernel
+            # instead of looping forever
+            step = cg.fresh("lowvm_step")
+            cg.line(f"const int {step} = {cg.expr(stmt.step)};")
+            cg.line(f"if ({step} == 0) __trap();  // vm.range: step 0 never ends")
+            test = f"({step} > 0 ? {var} < {stop} : {var} > {stop})"
         if stmt.unroll:
             cg.line(f"#pragma unroll {stmt.unroll}")
-        with cg.block(f"for (int {var} = {cg.expr(stmt.start)}; {var} {compare} "
-                      f"{cg.expr(stmt.stop)}; {var} += {step})"):
+        with cg.block(f"for (int {var} = {cg.expr(stmt.start)}; {test}; {var} += {step})"):
             _emit(stmt.body, cg)
     elif isinstance(stmt, IfStmt):
         with cg.block(f"if ({cg.expr(stmt.cond)})"):
@@ -72,12 +88,46 @@ def _emit(stmt: Stmt, cg: CudaContext) -> None:
                 _emit(stmt.else_body, cg)
     elif isinstance(stmt, LetStmt):
         cg.line(f"const auto {stmt.var.name} = {cg.expr(stmt.value)};")
+        sign = cg.sign(stmt.value)
+        if sign is not None:
+            cg.signs[stmt.var.name] = sign
     else:
         raise ProgramError(f"cannot lower the statement {type(stmt).__name__}")
 
 
+#: registers one thread may use on every GPU lowvm compiles for (sm_70 and later)
+MAX_REGISTERS_PER_THREAD = 255
+
+
+def register_words(tile: RegisterTensor) -> int:
+    """The 32-bit registers one thread needs to hold its part of ``tile``."""
+    size = tile.layout.local_size
+    if is_packed(tile.dtype):
+        return max(1, math.ceil(size * tile.dtype.nbits / 32))
+    return max(1, math.ceil(size * c_size(tile.dtype) / 4))
+
+
+def check_register_tiles(program: Program) -> None:
+    """Refuse a register tile whose per-thread part alone exceeds the register file's
+    share of one thread: the kernel could not keep it in registers, and the C compiler
+    takes minutes unrolling its accesses before it spills them (a necessary bound, not a
+    sufficient one: the tiles live at one time add up)."""
+    for inst in program.instructions():
+        tile = inst.output()
+        if isinstance(tile, RegisterTensor) and tile.layout is not None:
+            words = register_words(tile)
+            if words > MAX_REGISTERS_PER_THREAD:
+                raise ProgramError(
+                    f"the register tile %{tile.name} {tile.type_str()} puts "
+                    f"{tile.layout.local_size} elements ({words} 32-bit registers) on each of "
+                    f"{tile.layout.num_threads} threads; a thread has at most "
+                    f"{MAX_REGISTERS_PER_THREAD} registers: spread the tile over more warps, "
+                    "make it smaller, or keep it in shared memory", inst.loc)
+
+
 def emit_cuda(program: Program) -> CudaSource:
     """The CUDA C++ source of the lowered ``program``."""
+    check_register_tiles(program)
     cg = CudaContext(program)
     cg.uses_async_proxy = any(isinstance(inst.impl, WgmmaPlan)
                               for inst in program.instructions())
@@ -114,4 +164,4 @@ def emit_cuda(program: Program) -> CudaSource:
     decls = ["  " + d for d in cg.declared]
     source = "\n".join([PRELUDE.strip(), "", *header, *decls, *cg.lines, "}", ""])
     return CudaSource(name, source, program.num_threads, shared_bytes, cg.waits_prior_grid,
-                      cg.uses_async_proxy)
+                      cg.uses_async_proxy, cg.static_shared_bytes)

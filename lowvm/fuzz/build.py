@@ -1,10 +1,11 @@
 """A spec made into a ``@vm.program``: the VM program the fuzzer runs and compiles.
 
-The program's parameters are always ``m, n, k`` (int32 extents), one pointer per input
-(``a``/``b`` first for the ``dot`` family) and ``out``. Inputs whose type has no buffer
-type of its own (every type of at most 8 bits other than int8/uint8) travel as uint8
-bytes of packed codes and are ``vm.view``-ed after the load, as the kernel library
-does with packed weights. See :mod:`lowvm.fuzz.spec` for the three families.
+The program's parameters are ``m, n, k`` (int32 extents), then ``u, v, t`` (``wrap``)
+and ``s`` (``runtime_step``), one pointer per input (``a``/``b`` first for the ``dot``
+family) and ``out``. Inputs whose type has no buffer type of its own (every type of at
+most 8 bits other than int8/uint8) travel as uint8 bytes of packed codes and are
+``vm.view``-ed after the load, as the kernel library does with packed weights. See
+:mod:`lowvm.fuzz.spec` for the three families.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import lowvm.fuzz.numerics as nm
 import lowvm.lang as vm
 from lowvm.dtypes import DType, float32, int8, int32, uint8
+from lowvm.expr import select
 from lowvm.fuzz.analysis import analyze
 from lowvm.fuzz.spec import Input, Layout, Op, Spec, dumps
 from lowvm.ir import Program
@@ -64,7 +66,7 @@ def build_program(spec: Spec) -> Program:
     types += [storage_type(nm.type_by_name(i.dtype)) for i in spec.inputs]
     types.append(storage_type(nm.type_by_name(spec.out_dtype)))
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter(name, kind, annotation=int32) for name in ("m", "n", "k")]
+    params = [inspect.Parameter(name, kind, annotation=int32) for name in spec.scalar_names]
     params += [inspect.Parameter(name, kind, annotation=vm.ptr[t])
                for name, t in zip(parameter_names(spec), types)]
 
@@ -115,6 +117,8 @@ class _Tracer:
         self.full = _layout(spec.layout)
         self.shared: list[Any] = []
         self.views: dict[str, Any] = {}
+        # rows every input starts past the block's: int32 arithmetic that may wrap
+        self.shift = kw["u"] * kw["v"] + kw["t"] if spec.wrap else 0
 
     def run(self) -> None:
         spec = self.spec
@@ -150,7 +154,7 @@ class _Tracer:
 
     def _offsets(self, inp: Input, r0, c0):
         dt = nm.type_by_name(inp.dtype)
-        r = r0 if inp.shape != "col" else 0
+        r = (r0 if inp.shape != "col" else 0) + self.shift
         c = c0 if inp.shape != "row" else 0
         return [r, c * dt.nbits // 8 if is_packed(dt) else c]
 
@@ -284,7 +288,12 @@ class _Tracer:
         acc_shape = {"full": [bm, bn], "row": [bm, 1], "col": [1, bn]}[shape]
         acc = vm.register_tensor(acc_type, acc_shape, _shaped(self.full, shape), init=0)
         self.prepare(m, k)
-        for kk in vm.range(vm.cdiv(k, bn), stages=spec.stages):
+        chunks = vm.cdiv(k, bn)
+        bounds: tuple[Any, ...] = (chunks,)
+        if spec.runtime_step:  # up from the first chunk, or down from the last
+            s = self.kw["s"]
+            bounds = (select(s > 0, 0, chunks - 1), select(s > 0, chunks, -1), s)
+        for kk in vm.range(*bounds, stages=spec.stages):
             values = self.inputs_end(self.inputs_begin(r0, kk * bn, m, k))
             last = self.ops(values)
             fn = {"add": vm.add, "max": vm.maximum, "min": vm.minimum}[spec.accumulate]

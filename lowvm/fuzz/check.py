@@ -148,7 +148,26 @@ def check_cpu(spec: Spec) -> tuple[Verdict, np.ndarray | None]:
     message = _compare(spec, expected, out, "interpreter vs reference")
     if message:
         return Verdict("mismatch", "interpreter", message), out
+    if spec.wrap:
+        return _check_checked_mode(spec, program), out
     return Verdict(), out
+
+
+def _check_checked_mode(spec: Spec, program) -> Verdict:
+    """The checked interpreter reports the row shift's int32 overflow, and only that."""
+    from lowvm.interpreter import interpret
+
+    arrays = make_arrays(spec)
+    try:
+        interpret(program, *arrays.scalars, *arrays.tensors, checked=True)
+    except LowvmError as exc:
+        if spec.shift_overflows and "int32 overflow" in str(exc):
+            return Verdict()
+        return Verdict("error", "interpret-checked", _first_line(exc))
+    if spec.shift_overflows:
+        return Verdict("mismatch", "interpret-checked", "the checked interpreter did not "
+                       f"report the int32 overflow of u * v + t with {spec.ints[:3]}")
+    return Verdict()
 
 
 def check_ptxas(spec: Spec, archs: tuple[str, ...] = ARCHS) -> Verdict:

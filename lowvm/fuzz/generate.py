@@ -25,6 +25,7 @@ import numpy as np
 
 import lowvm.fuzz.numerics as nm
 from lowvm.dtypes import DType
+from lowvm.expr import wrap_int32
 from lowvm.fuzz.analysis import Invalid, Val, analyze, apply_op, input_val
 from lowvm.fuzz.build import is_packed, storage_type
 from lowvm.fuzz.spec import BINARY, COMPARE, REDUCE, Input, Layout, Op, Spec
@@ -373,7 +374,13 @@ def _dot_dist(rng: random.Random, dt: DType) -> tuple[float, float, int]:
 def generate_structure(rng: random.Random) -> Spec:
     """A random valid program structure (extents and data seed left at their defaults)."""
     family = rng.choices(("tile", "loop", "dot"), weights=(50, 25, 25))[0]
-    return _dot(rng) if family == "dot" else _tile_like(rng, family)
+    if family == "dot":
+        return _dot(rng)
+    spec = _tile_like(rng, family)
+    # drawn last, so the choices above are those of the same seed without these features
+    wrap = rng.random() < 0.3
+    runtime_step = family == "loop" and not (spec.stages or 0) > 1 and rng.random() < 0.5
+    return dataclasses.replace(spec, wrap=wrap, runtime_step=runtime_step)
 
 
 def validate(spec: Spec) -> None:
@@ -382,6 +389,12 @@ def validate(spec: Spec) -> None:
     (per thread under an explicit layout, per row of the tile and of the data), shared
     layouts fit their tiles, shared memory fits the budget. The shrinker keeps to these."""
     analyze(spec)
+    if spec.wrap and spec.family == "dot":
+        raise Invalid("wrap: tile and loop programs shift their input rows")
+    if spec.runtime_step and (spec.family != "loop" or (spec.stages or 0) > 1):
+        raise Invalid("runtime_step: loops without pipelining (its step is a constant)")
+    if spec.runtime_step and spec.ints[3] == 0:
+        raise Invalid("runtime_step: the step 0 never ends")
     bm, bn = spec.tile
     threads = 32 * spec.warps
     packed = [nm.type_by_name(i.dtype) for i in spec.inputs if i.shape == "full"]
@@ -487,15 +500,47 @@ def with_data(spec: Spec, rng: random.Random) -> Spec:
         gn = _granule_of(spec, [spec.out_dtype])
         extent = (_extent(rng, bm, 2 * bm), _extent(rng, bn, 2 * bn, gn),
                   _extent(rng, spec.bk, spec.steps * spec.bk, gk))
-    return dataclasses.replace(spec, extent=extent, data_seed=rng.getrandbits(32))
+    spec = dataclasses.replace(spec, extent=extent, data_seed=rng.getrandbits(32))
+    return dataclasses.replace(spec, ints=_runtime_ints(rng, spec))
+
+
+_INT32_MAX = 2**31 - 1
+
+
+def _runtime_ints(rng: random.Random, spec: Spec) -> tuple[int, int, int, int]:
+    """``(u, v, t, s)``: ``u * v + t`` is a row shift within a tile either way, reached
+    through a product or a sum that leaves int32 (mostly), and ``s`` a step of either
+    sign."""
+    u, v, t, s = 0, 0, 0, 1
+    if spec.wrap:
+        delta = rng.choice((0, 0, rng.randint(-spec.tile[0], spec.tile[0])))
+        kind = rng.randrange(6)
+        if kind == 0:
+            u, v = 65536, 65536  # 2^32: 0 in 32 bits
+        elif kind == 1:
+            u, v = 46341, 46341  # just past INT32_MAX
+        elif kind == 2:
+            u, v = 1, _INT32_MAX  # the product fits; the sum with t overflows
+        elif kind == 3:
+            u = rng.choice((-1, 1)) * rng.randint(2**8, 2**20)  # |u * v| > 2^31
+            v = rng.choice((-1, 1)) * rng.randint(2**31 // abs(u) + 1, _INT32_MAX)
+        elif kind == 4:
+            u, v = -65536, 32768  # INT32_MIN exactly
+        else:
+            u, v = rng.randint(-3, 3), rng.randint(-3, 3)  # nothing wraps
+        t = wrap_int32(delta - wrap_int32(u * v))
+    if spec.runtime_step:
+        s = rng.choice((1, -1, -1, 2, -2, 3, -3))
+    return u, v, t, s
 
 
 @dataclass
 class Arrays:
-    """The runtime arguments of a spec: ``(m, n, k)``, one tensor per pointer (inputs
-    in parameter order, then ``out``), and the inputs' values (float64, global shape)."""
+    """The runtime arguments of a spec: its int32 scalars (``Spec.scalar_names``), one
+    tensor per pointer (inputs in parameter order, then ``out``), and the inputs' values
+    (float64, global shape)."""
 
-    scalars: tuple[int, int, int]
+    scalars: tuple[int, ...]
     tensors: list[Any]
     values: list[np.ndarray]
 
@@ -607,4 +652,6 @@ def make_arrays(spec: Spec) -> Arrays:
         values.append(vals)
         tensors.append(_tensor(vals, codes, nm.type_by_name(inp.dtype)))
     tensors.append(_out_tensor(spec))
-    return Arrays((m, n, k), tensors, values)
+    u, v, t, s = spec.ints
+    extra = ((u, v, t) if spec.wrap else ()) + ((s,) if spec.runtime_step else ())
+    return Arrays((m, n, k, *extra), tensors, values)

@@ -7,7 +7,10 @@ loads are 0; each op is computed exactly (float64, int64 for integers) and round
 to its type (:func:`lowvm.fuzz.numerics.round_to_type`: nearest even, saturating or to
 inf as the type says); integer division truncates toward zero; reductions and dots sum
 exactly and round once; the loop family rounds its accumulator after every step, in
-order; stores skip what lies outside the output.
+order; stores skip what lies outside the output. Runtime index arithmetic is int32: a
+``wrap`` spec's inputs start ``u * v + t`` rows past the block's, that sum taken modulo
+2^32 (:func:`_int32`); a ``runtime_step`` loop visits the chunks as Python's
+``range`` does, down from the last one for a negative step.
 """
 
 from __future__ import annotations
@@ -30,6 +33,27 @@ class ReferenceError(Exception):
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _int32(value: int) -> int:
+    """``value`` modulo 2^32 as a signed 32-bit number: what the GPU's registers hold."""
+    wrapped = value & 0xFFFFFFFF
+    return wrapped - (1 << 32) if wrapped >> 31 else wrapped
+
+
+def _row_shift(spec: Spec) -> int:
+    if not spec.wrap:
+        return 0
+    u, v, t, _ = spec.ints
+    return _int32(_int32(u * v) + t)
+
+
+def _chunk_order(spec: Spec, chunks: int) -> range:
+    """The chunks a loop visits, in order."""
+    if not spec.runtime_step:
+        return range(chunks)
+    step = spec.ints[3]
+    return range(0, chunks, step) if step > 0 else range(chunks - 1, -1, step)
 
 
 def _rounded(x: np.ndarray, dt: DType, what: str) -> np.ndarray:
@@ -136,15 +160,18 @@ def _op(op: Op, values: list[np.ndarray], types: list[DType], out: DType) -> np.
 
 
 def _blocks(values: np.ndarray, shape: str, tile: tuple[int, int], grid: tuple[int, int],
-            integer: bool) -> np.ndarray:
-    """A global array ``[R, C]`` as ``[GM, GN, rows, cols]`` blocks, zero padded."""
+            integer: bool, delta: int = 0) -> np.ndarray:
+    """A global array ``[R, C]`` as ``[GM, GN, rows, cols]`` blocks, zero padded; each
+    block's rows read ``delta`` rows further on (0 where that leaves the array)."""
     bm, bn = tile
     gm, gn = grid
     rows = gm * bm if shape != "col" else 1
     cols = gn * bn if shape != "row" else 1
     padded = np.zeros((rows, cols), dtype=np.int64 if integer else np.float64)
     r, c = values.shape
-    padded[: min(r, rows), : min(c, cols)] = values[:rows, :cols]
+    lo, hi = max(0, -delta), min(rows, r - delta)  # rows whose source row is inside
+    if lo < hi:
+        padded[lo:hi, : min(c, cols)] = values[lo + delta:hi + delta, :cols]
     tr, tc = (rows // gm if shape != "col" else 1), (cols // gn if shape != "row" else 1)
     blocks = padded.reshape(gm if shape != "col" else 1, tr, gn if shape != "row" else 1, tc)
     return np.broadcast_to(blocks.transpose(0, 2, 1, 3), (gm, gn, tr, tc))
@@ -178,21 +205,22 @@ def reference(spec: Spec, arrays: Arrays) -> np.ndarray:
     if spec.family == "dot":
         in_values = arrays.values[2:]
     ints = [nm.type_by_name(i.dtype).is_integer for i in inputs]
+    delta = _row_shift(spec)
 
     if spec.family == "tile":
         grid = (_cdiv(m, bm), _cdiv(n, bn))
-        first = [_blocks(v, i.shape, spec.tile, grid, integer)
+        first = [_blocks(v, i.shape, spec.tile, grid, integer, delta)
                  for v, i, integer in zip(in_values, inputs, ints)]
         last = _chain(spec, first)
     elif spec.family == "loop":
         grid = (_cdiv(m, bm), _cdiv(k, bn))
-        first = [_blocks(v, i.shape, spec.tile, grid, integer)
+        first = [_blocks(v, i.shape, spec.tile, grid, integer, delta)
                  for v, i, integer in zip(in_values, inputs, ints)]
         per_step = _chain(spec, first)
         acc_type = vals[-2].dtype
         acc = np.zeros((grid[0], 1, *per_step.shape[2:]),
                        dtype=np.int64 if acc_type.is_integer else np.float64)
-        for step in range(grid[1]):
+        for step in _chunk_order(spec, grid[1]):
             v = per_step[:, step : step + 1]
             if spec.accumulate == "add":
                 acc = _rounded(acc + v, acc_type, "accumulate")

@@ -2,8 +2,8 @@
 
 :func:`shrink` is greedy: it proposes simpler variants of the spec (fewer ops, fewer
 inputs, smaller extents and tiles, fewer warps, global paths instead of shared ones, no
-pipelining, simpler types), keeps the first that is still valid
-(:func:`lowvm.fuzz.generate.validate`) and still fails the same way (the caller's
+pipelining, no integer wrap or runtime step, simpler types), keeps the first that is
+still valid (:func:`lowvm.fuzz.generate.validate`) and still fails the same way (the caller's
 predicate), and starts over from it, until no variant fails or the budget runs out.
 
 :func:`save_regression` writes the result as a JSON file that
@@ -115,6 +115,15 @@ def candidates(spec: Spec) -> Iterator[Spec]:
     # simpler program shape
     if spec.stages:
         yield dataclasses.replace(spec, stages=None)
+    u, v, t, step = spec.ints
+    if spec.wrap:
+        yield dataclasses.replace(spec, wrap=False, ints=(0, 0, 0, step))
+        if (u, v) != (0, 0):  # the same shift without the wrap
+            yield dataclasses.replace(spec, ints=(0, 0, spec.row_shift, step))
+    if spec.runtime_step:
+        yield dataclasses.replace(spec, runtime_step=False, ints=(u, v, t, 1))
+        if abs(step) > 1:
+            yield dataclasses.replace(spec, ints=(u, v, t, 1 if step > 0 else -1))
     for field, plain in (("out_path", "global"), ("out_pad", 0)):
         if getattr(spec, field) != plain:
             yield dataclasses.replace(spec, **{field: plain})

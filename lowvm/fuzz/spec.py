@@ -17,6 +17,12 @@ Three families:
   a packed low-bit ``[N, K]`` matrix converted in the loop), then the chain on the
   accumulator as an epilogue.
 
+Runtime integer arithmetic, in ``tile`` and ``loop`` programs: with ``wrap`` every
+input's rows start ``u * v + t`` rows past the block's (runtime int32 values chosen so
+the product or the sum wraps: the row offset is what 32-bit arithmetic gives, often 0 or
+a small shift either way); with ``runtime_step`` a loop's step is the runtime ``s``,
+counting down from the last chunk when negative. ``ints`` holds ``(u, v, t, s)``.
+
 Value ids: ``tile``/``loop``: inputs first, then one per op. ``dot``: 0 is the
 accumulator, then the (epilogue) inputs, then the ops. The stored value is the last one.
 """
@@ -27,6 +33,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from lowvm.expr import wrap_int32
 
 __all__ = ["Layout", "Input", "Op", "Spec", "FAMILIES", "SHAPES", "PATHS", "SMEM",
            "UNARY", "BINARY", "COMPARE", "REDUCE", "ACCUMULATE", "spec_from_json",
@@ -124,6 +132,9 @@ class Spec:
     mma: tuple[int, int] | None = None  # dot: explicit (warps_m, warps_n), None: inferred
     extent: tuple[int, int, int] = (1, 1, 1)  # M, N, K (runtime)
     data_seed: int = 0
+    wrap: bool = False  # tile/loop: input rows start u * v + t past the block's (int32)
+    runtime_step: bool = False  # loop: the chunk loop's step is the runtime s
+    ints: tuple[int, int, int, int] = (0, 0, 0, 1)  # u, v, t, s (runtime)
 
     @property
     def first_input(self) -> int:
@@ -134,9 +145,34 @@ class Spec:
     def num_values(self) -> int:
         return self.first_input + len(self.inputs) + len(self.ops)
 
+    @property
+    def scalar_names(self) -> tuple[str, ...]:
+        """The program's runtime int32 parameters, in order."""
+        return ("m", "n", "k") + (("u", "v", "t") if self.wrap else ()) + (
+            ("s",) if self.runtime_step else ())
+
+    @property
+    def row_shift(self) -> int:
+        """The rows every input starts past the block's: ``u * v + t`` in int32."""
+        if not self.wrap:
+            return 0
+        u, v, t, _ = self.ints
+        return wrap_int32(wrap_int32(u * v) + t)
+
+    @property
+    def shift_overflows(self) -> bool:
+        """Whether ``u * v`` or the sum with ``t`` leaves int32 (checked mode refuses it)."""
+        if not self.wrap:
+            return False
+        u, v, t, _ = self.ints
+        product = wrap_int32(u * v)
+        return product != u * v or wrap_int32(product + t) != product + t
+
     def structure(self) -> Spec:
-        """The spec without its data (extents, seed): what the CUDA source depends on."""
-        return dataclasses.replace(self, extent=(1, 1, 1), data_seed=0)
+        """The spec without its data (extents, seed, runtime integers): what the CUDA
+        source depends on."""
+        return dataclasses.replace(self, extent=(1, 1, 1), data_seed=0, ints=(0, 0, 0, 1))
+
 
 
 def _to_jsonable(obj: Any) -> Any:
@@ -174,7 +210,7 @@ def spec_from_json(data: dict[str, Any]) -> Spec:
             d[key] = Input(**d[key])
     if d.get("layout") is not None:
         d["layout"] = Layout(**{k: _tuple(v) for k, v in d["layout"].items()})
-    for key in ("extent", "mma"):
+    for key in ("extent", "mma", "ints"):
         if d.get(key) is not None:
             d[key] = tuple(d[key])
     return Spec(**d)
@@ -201,6 +237,11 @@ def features(spec: Spec) -> list[str]:
             found.add(f"input_shape:{inp.shape}")
     if spec.b_packed:
         found.add("dot:packed_b")
+    if spec.wrap:
+        found.add("int:overflow" if spec.shift_overflows else "int:no_overflow")
+        found.add("int:shift_negative" if spec.row_shift < 0 else "int:shift_nonnegative")
+    if spec.runtime_step:
+        found.add("int:step_down" if spec.ints[3] < 0 else "int:step_up")
     for op in spec.ops:
         name = op.op
         if op.op == "reduce":

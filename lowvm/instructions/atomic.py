@@ -45,7 +45,7 @@ class AtomicAdd(Instruction):
             raise self.error(
                 f"adds {self.src.dtype.name} into {self.dst.dtype.name} %{self.dst.name}; "
                 f"accepted: both {' or both '.join(t.name for t in ATOMIC_TYPES)}")
-        if self.src.layout.replication != 1:
+        if self.src.layout is not None and self.src.layout.replication != 1:  # after inference
             raise self.error(
                 f"%{self.src.name} is replicated {self.src.layout.replication} times "
                 f"(layout {self.src.layout}); each element would be added that often")

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from lowvm.dtypes import int32
-from lowvm.expr import Expr, Var, const_value
+from lowvm.expr import INT32_MAX, INT32_MIN, Expr, Var, const_value
 from lowvm.instructions.base import BlockState, Instruction, register_instruction
-from lowvm.ir import GlobalTensor, RegisterTensor, SharedTensor
+from lowvm.ir import GlobalTensor, ProgramError, RegisterTensor, SharedTensor
 
 __all__ = [
     "GlobalView",
@@ -82,10 +82,23 @@ def _element_position(st: BlockState, inst: Instruction, tensor: GlobalTensor,
 def _global_positions(
     st: BlockState, tensor: GlobalTensor, offsets: tuple[Expr, ...], table: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Flat element offsets of ``offsets + table`` and the in-bounds mask."""
+    """Flat element offsets of ``offsets + table`` and the in-bounds mask.
+
+    As in the kernel: the offsets are int32 expressions (wrapped), each element's index
+    ``offset + j`` an int32 and its flat offset a 64-bit sum of index times stride. An
+    index ``offset + j`` beyond int32 is refused: the kernel's per-element and vector
+    lowerings would not wrap it alike.
+    """
     shape, strides = st.global_shape(tensor)
     start = np.array([int(st.eval(o)) for o in offsets], dtype=np.int64)
     index = table + start
+    if index.size and (index.min() < INT32_MIN or index.max() > INT32_MAX):
+        d = int(np.argmax(((index < INT32_MIN) | (index > INT32_MAX)).reshape(
+            -1, index.shape[-1]).any(axis=0)))
+        raise ProgramError(
+            f"the tile at offsets {start.tolist()} of %{tensor.name} has element indices "
+            f"beyond int32 along dim {d} (offset {int(start[d])} plus up to "
+            f"{int(table[..., d].max())}); the kernel's 32-bit indices would overflow")
     inside = np.ones(index.shape[:-1], dtype=bool)
     flat = np.zeros(index.shape[:-1], dtype=np.int64)
     for d, (size, stride) in enumerate(zip(shape, strides)):

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from lowvm.expr import ExprLike, evaluate
+from lowvm.expr import ExprLike, evaluate_int32
 from lowvm.instructions.base import Instruction
 from lowvm.interpreter.memory import GlobalBuffer, InterpretError, SharedStorage
-from lowvm.ir import GlobalTensor, ProgramError, RegisterTensor, SharedTensor
+from lowvm.ir import GlobalTensor, ProgramError, RegisterTensor, SharedTensor, SourceLoc
 
 __all__ = ["BlockState"]
 
@@ -24,8 +24,10 @@ class BlockState:
     """Scalars, registers, shared tiles and async-copy groups of one block."""
 
     def __init__(self, env: Mapping[str, int | float], buffers: Mapping[str, GlobalBuffer],
-                 block: tuple[int, ...]) -> None:
+                 block: tuple[int, ...], checked: bool = False) -> None:
         self.env: dict[str, int | float] = dict(env)
+        #: report int32 overflow of index and loop arithmetic instead of wrapping it
+        self.checked = checked
         self.buffers = buffers
         self.block = block
         self.registers: dict[RegisterTensor, np.ndarray] = {}
@@ -44,12 +46,18 @@ class BlockState:
 
     # scalars and errors ---------------------------------------------------------------
     def eval(self, expr: ExprLike):
-        """The value of a uniform scalar expression in this block."""
-        return evaluate(expr, self.env)
+        """The value of a uniform scalar expression in this block, in the GPU's int32
+        arithmetic (wrapped; reported instead in the checked mode)."""
+        return evaluate_int32(expr, self.env, self.checked)
 
     def runtime_error(self, inst: Instruction, message: str) -> InterpretError:
         """An error at ``inst``'s source line, naming this block."""
         return InterpretError(f"{inst.mnemonic} in block {self.block}: {message}", inst.loc)
+
+    def statement_error(self, what: str, loc: SourceLoc | None, message: str
+                        ) -> InterpretError:
+        """An error of a loop, branch or ``let`` (``what``) at its source line."""
+        return InterpretError(f"{what} in block {self.block}: {message}", loc)
 
     # registers ----------------------------------------------------------------------
     def get(self, tensor: RegisterTensor) -> np.ndarray:
@@ -93,8 +101,11 @@ class BlockState:
 
     # global memory ------------------------------------------------------------------
     def bind_global(self, tensor: GlobalTensor) -> None:
-        """Evaluate a global view's runtime shape and strides."""
-        self.globals[tensor] = tensor.layout.bind(self.env)
+        """Evaluate a global view's runtime shape and strides (int32 expressions in the
+        kernel, as the offsets are)."""
+        lay = tensor.layout
+        self.globals[tensor] = (tuple(int(self.eval(s)) for s in lay.shape),
+                                tuple(int(self.eval(s)) for s in lay.strides))
 
     def global_shape(self, tensor: GlobalTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """Concrete ``(shape, strides)`` of a global view."""

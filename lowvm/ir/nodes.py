@@ -344,6 +344,7 @@ class LetStmt(Stmt):
 
     var: Var
     value: Expr
+    loc: SourceLoc | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

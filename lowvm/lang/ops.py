@@ -690,6 +690,19 @@ def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # 
         raise _fail(f"range: stages must be None or an integer >= 1, got {stages!r}")
     if stop is None:
         start, stop = 0, start
+    bounds = []
+    for name, bound in (("start", start), ("stop", stop), ("step", step)):
+        if _is_integer(bound):
+            bound = int(bound)
+        elif not isinstance(bound, Expr) or (isinstance(bound, Var) and bound.dtype != "int32") \
+                or (isinstance(bound, Const) and not _is_integer(bound.value)):
+            raise _fail(f"range: {name} must be an integer or a runtime int32 value, got "
+                        f"{bound!r}" + (f" ({bound.dtype})" if isinstance(bound, Var) else ""))
+        bounds.append(as_expr(bound))
+    start, stop, step = bounds
+    if const_value(step) == 0:
+        raise _fail("range: the step is 0; a loop with step 0 never ends (accepted: a "
+                    "positive step counts up, a negative one down, as Python's range)")
     b = current()
     loc = _loc()
     var = Var(b.fresh("i"))
@@ -705,8 +718,12 @@ def range(start: ExprLike, stop: ExprLike | None = None, step: ExprLike = 1,  # 
                              "loops", loc))
         return
     body = b.pop()
-    b.append(ForStmt(var, as_expr(start), as_expr(stop), as_expr(step), seq(body), unroll,
+    b.append(ForStmt(var, start, stop, step, seq(body), unroll,
                      loc, stages=stages))
+
+
+def _is_integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @contextlib.contextmanager
@@ -747,7 +764,7 @@ def let(value: ExprLike, name: str = "v") -> Var:
     """Bind a uniform scalar once (``k0 = vm.let(k * 64)``) and use the variable."""
     b = current()
     var = Var(b.fresh(name))
-    b.append(LetStmt(var, as_expr(value)))
+    b.append(LetStmt(var, as_expr(value), _loc()))
     return var
 
 

@@ -312,11 +312,12 @@ class ProgramTemplate:
             min_blocks=builder.min_blocks,
         )
 
-    def interpret(self, *args: Any, **constants: Any) -> None:
-        """Build with ``constants`` and run on the CPU interpreter."""
+    def interpret(self, *args: Any, checked: bool | None = None, **constants: Any) -> None:
+        """Build with ``constants`` and run on the CPU interpreter (``checked``: see
+        :func:`lowvm.interpret`)."""
         from lowvm.interpreter import run_program
 
-        run_program(self.build(**constants), args)
+        run_program(self.build(**constants), args, checked)
 
     def __repr__(self) -> str:
         params = ", ".join(f"{n}: {t}" for n, t in self.runtime)

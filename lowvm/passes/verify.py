@@ -12,7 +12,8 @@ Guarantees, for a program :func:`verify` returns (the same object):
   means before the loop or above the use in the body, so a tile first written further
   down the body is read undefined in the first iteration and refused;
 - a shared tile is freed at most once, never used after it is freed, and not freed
-  inside a loop unless it is also allocated in that loop's body.
+  inside a loop unless it is also allocated in that loop's body;
+- no loop has the compile-time step 0 (it would never end).
 
 Branches of ``vm.if_`` are checked each from the state before the branch; what either
 branch defines or frees counts afterwards (a tile written in one branch may be read in
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from lowvm.expr import const_value
 from lowvm.instructions import AllocShared, FreeShared, GlobalView, Instruction
 from lowvm.ir import (
     ForStmt,
@@ -130,6 +132,9 @@ class _Verifier:
             for s in stmt.stmts:
                 self.stmt(s, st)
         elif isinstance(stmt, ForStmt):
+            if const_value(stmt.step) == 0:
+                raise ProgramError(f"verify: the loop over {stmt.var} has the step 0 and "
+                                   "would never end", stmt.loc)
             st.loops.append(set())
             self.stmt(stmt.body, st)
             st.loops.pop()

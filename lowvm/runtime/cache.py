@@ -100,7 +100,8 @@ def _write_entry(path: Path, cubin: bytes) -> None:
 
 
 def cached_cubin(
-    source: str, arch: str, compiler: str = "auto", *, extra_options: Sequence[str] = ()
+    source: str, arch: str, compiler: str = "auto", *, extra_options: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> bytes:
     """:func:`~lowvm.runtime.compiler.compile_cubin`, memoised on disk.
 
@@ -114,7 +115,8 @@ def cached_cubin(
     hit = _read_entry(path)
     if hit is not None:
         return hit
-    cubin = _compiler.compile_cubin(source, arch, compiler=name, extra_options=extra_options)
+    cubin = _compiler.compile_cubin(source, arch, compiler=name, extra_options=extra_options,
+                                    timeout_s=timeout_s)
     try:
         _write_entry(path, cubin)
     except OSError as exc:

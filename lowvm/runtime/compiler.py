@@ -13,6 +13,12 @@ JIT at load time, no fat binary. Two compilers can make one:
 ``compiler="auto"`` prefers NVRTC and falls back to nvcc only when the NVRTC library
 cannot be loaded; a source that NVRTC rejects is an error, never retried with nvcc.
 
+A compile has a time limit (``timeout_s``, default ``$LOWVM_COMPILE_TIMEOUT`` or
+:data:`DEFAULT_COMPILE_TIMEOUT_S` seconds): nvcc runs in its own process group, which is
+ended whole (``cicc`` and ``ptxas`` with it) when the limit passes or the caller is
+interrupted. NVRTC compiles inside this process and cannot be stopped: past the limit
+the caller gets the error and the compile finishes unseen in a background thread.
+
 A failed compile raises :class:`~lowvm.runtime.errors.RuntimeCompileError` carrying the
 compiler's log, the generated source numbered around the first error (generated code has
 no file a person could open) and the toolchain versions (NVRTC, nvcc, driver), since most
@@ -25,8 +31,10 @@ import functools
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +44,8 @@ from lowvm.runtime.errors import CompileOptionError, RuntimeCompileError
 
 __all__ = [
     "COMPILERS",
+    "DEFAULT_COMPILE_TIMEOUT_S",
+    "compile_timeout",
     "compile_cubin",
     "resource_usage",
     "parse_ptxas_report",
@@ -50,6 +60,10 @@ __all__ = [
 
 COMPILERS = ("auto", "nvrtc", "nvcc")
 """Accepted values of ``compiler=``."""
+
+DEFAULT_COMPILE_TIMEOUT_S = 600.0
+"""Seconds a compile may take unless ``LOWVM_COMPILE_TIMEOUT`` or ``timeout_s`` says
+otherwise (lowvm's largest kernels take seconds)."""
 
 _SOURCE_NAME = "lowvm_kernel.cu"  # the file name compiler logs cite
 _ARCH_RE = re.compile(r"sm_(\d{2,3})([af]?)")
@@ -89,6 +103,25 @@ def _check_options(extra_options: object) -> tuple[str, ...]:
             f"in {tuple(extra_options)!r}"
         )
     return tuple(extra_options)
+
+
+def compile_timeout(timeout_s: object = None) -> float:
+    """``timeout_s``, else ``$LOWVM_COMPILE_TIMEOUT``, else the default: seconds > 0."""
+    what = "timeout_s"
+    if timeout_s is None:
+        text = os.environ.get("LOWVM_COMPILE_TIMEOUT", "").strip()
+        if not text:
+            return DEFAULT_COMPILE_TIMEOUT_S
+        what = "the environment variable LOWVM_COMPILE_TIMEOUT"
+        try:
+            timeout_s = float(text)
+        except ValueError:
+            timeout_s = text
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not 0 < timeout_s < float("inf"):
+        raise CompileOptionError(f"compile_cubin: {what} must be a number of seconds > 0, "
+                                 f"got {timeout_s!r}")
+    return float(timeout_s)
 
 
 # ---------------------------------------------------------------------------------------
@@ -283,7 +316,36 @@ def _nvrtc_call(result: tuple, what: str, nvrtc: Any) -> tuple:
     return result[1:]
 
 
-def _compile_nvrtc(source: str, arch: str, options: tuple[str, ...]) -> bytes:
+def _timed_out(tool: str, arch: str, timeout_s: float, ended: str) -> RuntimeCompileError:
+    return RuntimeCompileError(
+        f"compile_cubin: {tool} did not finish compiling for arch={arch!r} within "
+        f"{timeout_s:g} s ({ended}); raise the limit with timeout_s= or "
+        f"LOWVM_COMPILE_TIMEOUT if the kernel is that large [{toolchain_summary()}]")
+
+
+def _compile_nvrtc(source: str, arch: str, options: tuple[str, ...], timeout_s: float
+                   ) -> bytes:
+    """NVRTC's compile in a daemon thread, waited for at most ``timeout_s``."""
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["cubin"] = _nvrtc_cubin(source, arch, options)
+        except BaseException as exc:  # handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=work, name="lowvm-nvrtc", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise _timed_out("NVRTC", arch, timeout_s, "NVRTC runs in this process and cannot "
+                         "be stopped; it finishes in the background, its result unused")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["cubin"]
+
+
+def _nvrtc_cubin(source: str, arch: str, options: tuple[str, ...]) -> bytes:
     from cuda.bindings import nvrtc
 
     opts = [
@@ -330,7 +392,33 @@ def _nvrtc_log(prog: Any, nvrtc: Any) -> str:
     return log.rstrip(b"\0").decode(errors="replace")
 
 
-def _compile_nvcc(source: str, arch: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+def _run_group(cmd: list[str], cwd: str, timeout_s: float, arch: str
+               ) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in a new process group, ended whole (nvcc's ``cicc`` and ``ptxas``
+    children too) when ``timeout_s`` passes or this process is interrupted."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _end_group(proc)
+        raise _timed_out("nvcc", arch, timeout_s, "its processes were ended") from None
+    except BaseException:  # KeyboardInterrupt: the group does not get the terminal's ^C
+        _end_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()
+
+
+def _compile_nvcc(source: str, arch: str, options: tuple[str, ...],
+                  timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> tuple[bytes, str]:
     """Compile with nvcc; return the cubin and the compiler's output (ptxas's report)."""
     nvcc = find_nvcc()
     if nvcc is None:
@@ -354,9 +442,7 @@ def _compile_nvcc(source: str, arch: str, options: tuple[str, ...]) -> tuple[byt
             "kernel.cubin",
             _SOURCE_NAME,
         ]
-        proc = subprocess.run(
-            cmd, cwd=tmp, capture_output=True, text=True, errors="replace", check=False
-        )
+        proc = _run_group(cmd, tmp, timeout_s, arch)
         log = proc.stdout + proc.stderr
         out = Path(tmp, "kernel.cubin")
         if proc.returncode != 0 or not out.is_file():
@@ -365,7 +451,7 @@ def _compile_nvcc(source: str, arch: str, options: tuple[str, ...]) -> tuple[byt
 
 
 def _compile(
-    source: str, arch: str, compiler: str, options: Sequence[str]
+    source: str, arch: str, compiler: str, options: Sequence[str], timeout_s: object = None
 ) -> tuple[bytes, str, str]:
     """Validate, compile, and return (cubin, log, compiler name actually used)."""
     if not isinstance(source, str) or not source.strip():
@@ -374,15 +460,17 @@ def _compile(
         )
     _check_arch(arch)
     opts = _check_options(options)
+    limit = compile_timeout(timeout_s)
     used, _ = compiler_identity(compiler)
     if used == "nvrtc":
-        return _compile_nvrtc(source, arch, opts), "", "nvrtc"
-    cubin, log = _compile_nvcc(source, arch, opts)
+        return _compile_nvrtc(source, arch, opts, limit), "", "nvrtc"
+    cubin, log = _compile_nvcc(source, arch, opts, limit)
     return cubin, log, "nvcc"
 
 
 def compile_cubin(
-    source: str, arch: str, *, compiler: str = "auto", extra_options: Sequence[str] = ()
+    source: str, arch: str, *, compiler: str = "auto", extra_options: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> bytes:
     """Compile CUDA C++ ``source`` to a cubin for ``arch`` (``"sm_80"``, ``"sm_90a"``, ...).
 
@@ -391,11 +479,15 @@ def compile_cubin(
     are passed verbatim to whichever compiler runs. Kernels keep C++ name mangling unless
     declared ``extern "C"``.
 
+    ``timeout_s`` (default ``$LOWVM_COMPILE_TIMEOUT``, else
+    :data:`DEFAULT_COMPILE_TIMEOUT_S`) limits the compile (see the module docstring).
+
     Raises :class:`~lowvm.runtime.errors.RuntimeCompileError` with the compiler log, the
-    source around the first error and the toolchain versions when compilation fails or the
-    compiler is missing, and its subclass ``CompileOptionError`` for a malformed request.
+    source around the first error and the toolchain versions when compilation fails, the
+    compiler is missing or the time limit passes, and its subclass ``CompileOptionError``
+    for a malformed request.
     """
-    cubin, _, used = _compile(source, arch, compiler, extra_options)
+    cubin, _, used = _compile(source, arch, compiler, extra_options, timeout_s)
     if not cubin.startswith(_ELF_MAGIC):
         raise RuntimeCompileError(
             f"compile_cubin: {used} returned {len(cubin)} bytes that are not an ELF cubin "
@@ -466,7 +558,8 @@ def parse_ptxas_report(text: str) -> dict[str, dict[str, int]]:
 
 
 def resource_usage(
-    source: str, arch: str, *, extra_options: Sequence[str] = ()
+    source: str, arch: str, *, extra_options: Sequence[str] = (),
+    timeout_s: float | None = None,
 ) -> dict[str, dict[str, int]]:
     """Registers, spills, stack and shared memory of each kernel in ``source``, per name.
 
@@ -475,5 +568,5 @@ def resource_usage(
     e.g. ``{"add": {"registers": 10, "spill_store_bytes": 0, ...}}``. For CI checks such as
     "no kernel spills". Raises :class:`RuntimeCompileError` when nvcc is missing or fails.
     """
-    _, log, _ = _compile(source, arch, "nvcc", extra_options)
+    _, log, _ = _compile(source, arch, "nvcc", extra_options, timeout_s)
     return parse_ptxas_report(log)

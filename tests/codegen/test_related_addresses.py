@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pytest
 
+import lowvm.lang as vm
 from lowvm.codegen.context import CudaContext
 from lowvm.codegen.emitters import emitter_for
 from lowvm.codegen.emitters.memory_selected import related_addresses_enabled
@@ -44,6 +45,7 @@ def _python(expr: str) -> str:
                   lambda mt: f"({mt.group(2)} + ({mt.group(3)}) * {_SIZES[mt.group(1)]})", expr)
     expr = re.sub(r"\(const void\*\)\(?&?(\w+)\[(.*)\]\)?$", r"(\2)", expr)
     expr = re.sub(r"\(const void\*\)", "", expr).replace("(lowvm_i64)", "")
+    expr = expr.replace("(unsigned)", "_u32")
     expr = expr.replace("blockIdx.", "blockIdx_").replace("/", "//")
     if "&&" in expr:
         expr = " & ".join(f"({part})" for part in expr.split("&&"))
@@ -57,6 +59,11 @@ def _value(expr: str, env: _Runtime) -> np.ndarray:
         cond, yes, no = ternary.groups()
         return np.where(env[cond], _value(yes, env), _value(no, env))
     return np.asarray(eval(_python(expr), {"np": np}, env))
+
+
+def _u32(value) -> np.ndarray:
+    """C's conversion to ``unsigned``: the value modulo 2^32."""
+    return np.asarray(value, dtype=np.int64) & 0xFFFFFFFF
 
 
 def _operands(line: str) -> list[str]:
@@ -76,10 +83,12 @@ def _operands(line: str) -> list[str]:
     return out
 
 
-def _run(lines: list[str], threads: int) -> list[tuple]:
-    """Every asm's (active threads, shared address, bytes, global source) in order."""
+def _run(lines: list[str], threads: int, **values: int) -> list[tuple]:
+    """Every asm's (active threads, shared address, bytes, global source) in order;
+    ``values`` binds runtime names besides the defaults."""
     env = _Runtime(tid=np.arange(threads), m=5, n=128, k=4096,
-                   blockIdx_x=0, blockIdx_y=0, blockIdx_z=0)
+                   blockIdx_x=0, blockIdx_y=0, blockIdx_z=0, _u32=_u32)
+    env.update(values)
     masks, out, skip = [np.ones(threads, dtype=bool)], [], 0
     for raw in lines:
         line = raw.strip()
@@ -139,13 +148,18 @@ def _selected(name: str):
 @pytest.mark.parametrize("name", sorted(n for n in EXAMPLES if _selected(n)[1]))
 def test_related_addresses_match_the_per_access_ones(name, monkeypatch):
     program, insts = _selected(name)
+    assert _agree(program, insts, monkeypatch), f"{name}: no access took the related lowering"
+
+
+def _agree(program, insts, monkeypatch, **values: int) -> int:
+    """Compare both lowerings of every instruction in ``insts``; how many differ in code."""
     related_seen = 0
     for inst in insts:
         plain_lines = _emit(program, inst, True, monkeypatch)
         lines = _emit(program, inst, False, monkeypatch)
         related_seen += lines != plain_lines
-        plain = _run(plain_lines, program.num_threads)
-        related = _run(lines, program.num_threads)
+        plain = _run(plain_lines, program.num_threads, **values)
+        related = _run(lines, program.num_threads, **values)
         assert len(plain) == len(related), inst
         for (ma, aa, sa, ga), (mb, ab, sb, gb) in zip(plain, related):
             assert np.array_equal(ma, mb), inst
@@ -157,7 +171,31 @@ def test_related_addresses_match_the_per_access_ones(name, monkeypatch):
                 copied = sa > 0
                 assert np.array_equal(np.broadcast_to(ga, ma.shape)[ma][copied],
                                       np.broadcast_to(gb, mb.shape)[mb][copied]), inst
-    assert related_seen, f"{name}: no access took the related lowering"
+    return related_seen
+
+
+@pytest.mark.parametrize("row", [-70, -3, -1, 0, 2])
+def test_a_tile_that_starts_before_the_tensor_copies_its_rows_inside(row, monkeypatch):
+    """A thread whose first chunk lies above the tensor still copies its later chunks
+    that lie inside it (each chunk tests its own lower bound where the offset may be
+    negative)."""
+    @vm.program(warps=1)
+    def prog(r: vm.int32, m: vm.int32, x: vm.ptr[vm.float16]):
+        vm.set_grid(1)
+        s = vm.shared_tensor(vm.float16, [64, 64])
+        vm.copy_async(s, vm.global_view(x, [m, 64]), [r, 0])
+        vm.commit_group()
+        vm.wait_group(0)
+        vm.free_shared(s)
+
+    program = run_passes(prog.build())
+    insts = [i for i in program.instructions() if isinstance(getattr(i, "impl", None),
+                                                             CpAsyncPlan)]
+    assert insts and _agree(program, insts, monkeypatch, r=row, m=40)
+    lines = _emit(program, insts[0], False, monkeypatch)
+    copied = sum(int(np.sum(b[mask] > 0)) for mask, _, b, _ in
+                 _run(lines, program.num_threads, r=row, m=40))
+    assert copied == 8 * max(0, min(40, row + 64) - max(0, row))  # 8 chunks a row
 
 
 def test_plain_switch_names_parts(monkeypatch):

@@ -56,6 +56,7 @@ def emit_arrive(inst: Arrive, cg: CudaContext) -> None:
     cg.line(f"// {inst}")
     ticket = cg.fresh("lowvm_ticket")
     cg.line(f"__shared__ unsigned {ticket};")
+    cg.static_shared_bytes += 4
     # the barrier orders every thread's writes before thread 0's release fence, and
     # thread 0's acquire fence before every thread's reads (fences are cumulative over
     # what the barrier ordered), so one thread fences for the block, at acq_rel

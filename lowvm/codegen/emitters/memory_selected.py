@@ -275,10 +275,16 @@ def _cp_async_related(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> bo
         src = inst.src
         moving = [d for d in range(len(shape)) if any(delta[d] for delta in deltas)]
         ahead = [d for d in moving if all(delta[d] >= 0 for delta in deltas)]
-        # tested once: the whole range of dims no chunk moves along, the lower bound of
-        # those the chunks only move forward along (i + delta >= 0 follows from i >= 0)
-        once = [f"i{d} >= 0 && i{d} < {cg.expr(src.layout.shape[d])}" for d in range(len(shape))
-                if d not in moving] + [f"i{d} >= 0" for d in ahead]
+        # of those the chunks only move forward along, the dims whose offset is >= 0: there
+        # i >= 0 for every chunk, tested once; elsewhere a thread's first chunk may lie
+        # before the tensor and a later one inside, so each chunk is tested, in one
+        # unsigned compare (0 <= i + delta < size, the size tested >= 0 once). The offset
+        # may take the tensor's sizes to be >= 1: with one below, every test fails anyway
+        from_zero = [d for d in ahead if cg.is_nonnegative(inst.offsets[d], src.layout.shape)]
+        size = [cg.expr(src.layout.shape[d]) for d in range(len(shape))]
+        once = [f"i{d} >= 0 && i{d} < {size[d]}" for d in range(len(shape))
+                if d not in moving] + [f"i{d} >= 0" if d in from_zero else f"{size[d]} >= 0"
+                                       for d in ahead]
         if once:
             cg.line(f"const bool cp_in = {' && '.join(once)};")
         for it, (delta, addr) in enumerate(zip(deltas, addrs)):
@@ -286,8 +292,13 @@ def _cp_async_related(inst: CopyAsync, plan: CpAsyncPlan, cg: CudaContext) -> bo
             with cg.block(f"if (tid + {it * threads} < {chunks})" if partial else ""):
                 conds = ["cp_in"] if once else []
                 for d in moving:
-                    bound = f"i{d} + {delta[d]} < {cg.expr(src.layout.shape[d])}"
-                    conds.append(bound if d in ahead else f"i{d} + {delta[d]} >= 0 && {bound}")
+                    bound = f"i{d} + {delta[d]} < {size[d]}"
+                    if d in from_zero:
+                        conds.append(bound)
+                    elif d in ahead:
+                        conds.append(f"(unsigned)(i{d} + {delta[d]}) < (unsigned)({size[d]})")
+                    else:
+                        conds.append(f"i{d} + {delta[d]} >= 0 && {bound}")
                 step = " + ".join(f"(lowvm_i64){delta[d]} * {cg.expr(src.layout.strides[d])}"
                                   for d in moving if delta[d])
                 cg.line(f"const bool inside = {' && '.join(conds) or 'true'};")
