@@ -96,7 +96,12 @@ def current_arch() -> str:
 
 def arch_for(cuda: CudaSource, arch: str) -> str:
     """``arch``, or its ``a`` variant where the kernel uses sm_90a instructions (``wgmma``,
-    from ``dot_shared``); an error on GPUs without them."""
+    from ``dot_shared``); an error on GPUs without them, and on GPUs before sm_90 for a
+    kernel with mbarriers or tensor copies."""
+    if cuda.needs_sm90 and _arch_number(arch) < 90:
+        raise ProgramError(f"{cuda.kernel_name} uses mbarriers or the copy engine "
+                           f"(vm.mbarriers, copy_tma, copy_bulk, store_tma), which sm_90 "
+                           f"(H100/H200) and newer run; got arch={arch!r}")
     if not cuda.needs_sm90a or arch.endswith("a"):
         return arch
     if arch != "sm_90":
@@ -105,6 +110,12 @@ def arch_for(cuda: CudaSource, arch: str) -> str:
                            "program for sm_80 without dot_shared (e.g. the mma.sync "
                            "kernels)")
     return "sm_90a"
+
+
+def _arch_number(arch: str) -> int:
+    """90 for ``sm_90`` / ``sm_90a`` (0 where the name is not of that form)."""
+    digits = "".join(c for c in arch.removeprefix("sm_") if c.isdigit())
+    return int(digits) if digits else 0
 
 
 class CompiledProgram:
@@ -119,7 +130,11 @@ class CompiledProgram:
              p.type.dtype if isinstance(p.type, PointerType) else p.type)
             for p in program.params
         ]
+        specs += [(m.name, "tensor_map", m.dtype) for m in cuda.tensor_maps]
         self.kernel = Kernel(cubin, cuda.kernel_name, cuda.num_threads, cuda.shared_bytes, specs)
+        self._pointer_index = {p.name: i for i, p in enumerate(program.params)
+                               if isinstance(p.type, PointerType)}
+        self._maps: dict[tuple, bytes] = {}
         self._scalars = [(i, p.name) for i, p in enumerate(program.params)
                          if not isinstance(p.type, PointerType)]
         grid = tuple(program.grid) + (1,) * (3 - len(program.grid))
@@ -158,7 +173,29 @@ class CompiledProgram:
                                "kernels wrote; this one does not")
         if self._steps:
             self._check_steps(args)
+        if self.cuda.tensor_maps:
+            args = (*args, *self.tensor_maps(args))
         self.kernel.launch(self.grid(args), args, stream=stream, overlap=overlap)
+
+    def tensor_maps(self, args: tuple[Any, ...]) -> list[bytes]:
+        """The encoded tensor maps of a launch with ``args`` (each made once per pointer
+        address and scalar values: a decode step's repeated launches find them)."""
+        from lowvm.runtime.tensor_map import encode_tensor_map
+
+        scalars = {name: args[i] for i, name in self._scalars}
+        values = tuple(scalars.values())
+        out = []
+        for spec in self.cuda.tensor_maps:
+            x = args[self._pointer_index[spec.pointer]]
+            address = x.data_ptr() if hasattr(x, "data_ptr") else int(x)
+            key = (spec.name, address, values)
+            made = self._maps.get(key)
+            if made is None:
+                if len(self._maps) >= 1024:
+                    self._maps.clear()
+                made = self._maps[key] = encode_tensor_map(spec, address, scalars)
+            out.append(made)
+        return out
 
     def _check_steps(self, args: tuple[Any, ...]) -> None:
         """Refuse arguments that make a loop's step 0, naming the loop's line."""

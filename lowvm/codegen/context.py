@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from lowvm.codegen.tensor_maps import TensorMaps
 from lowvm.dtypes import DType, bfloat16, float16, float32, int8, int32, uint8
 from lowvm.expr import INT32_MAX, INT32_MIN, BinOp, Const, ExprLike, Select, UnaryOp, Var, as_expr
 from lowvm.ir import BOOL, Program, ProgramError, RegisterTensor, SharedTensor
@@ -78,6 +79,13 @@ class CudaContext:
         #: shared tiles placed where a freed one was: their allocation is a barrier
         self.reused_tiles: set[SharedTensor] = set()
         self.counter = 0
+        #: the C expression of the executing thread's index
+        self.thread = "tid"
+        #: mbarriers or the copy engine are used (sm_90; the kernel declares their helpers)
+        self.uses_tensor_copies = False
+        #: the tensor maps the kernel's tensor copies read (extra kernel parameters)
+        self.tensor_maps = TensorMaps(frozenset(p.name for p in program.params
+                                                if not p.is_pointer))
 
     # text ---------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -97,6 +105,10 @@ class CudaContext:
         """A unique C identifier."""
         self.counter += 1
         return f"{hint}_{self.counter}"
+
+    def barrier(self) -> None:
+        """A barrier of the executing threads (the block)."""
+        self.line("__syncthreads();")
 
     # scalars ------------------------------------------------------------------------
     def expr(self, e: ExprLike) -> str:

@@ -19,6 +19,7 @@ from lowvm.codegen.context import CudaContext, c_size, c_type, is_packed
 from lowvm.codegen.emitters import emit_instruction
 from lowvm.codegen.prelude import PRELUDE
 from lowvm.codegen.shared_alloc import allocate_shared, reused_space
+from lowvm.codegen.tensor_maps import TENSOR_MAP_PRELUDE, TensorMapSpec
 from lowvm.expr import const_value, is_const
 from lowvm.instructions.plans import WgmmaPlan
 from lowvm.ir import (
@@ -53,6 +54,10 @@ class CudaSource:
     needs_sm90a: bool = False
     #: bytes of ``__shared__`` variables besides the dynamic ``shared_bytes``
     static_shared_bytes: int = 0
+    #: the kernel uses mbarriers or the copy engine: it needs sm_90 or newer
+    needs_sm90: bool = False
+    #: the tensor maps to pass after the program's parameters, in order
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
 
 
 def _emit(stmt: Stmt, cg: CudaContext) -> None:
@@ -144,24 +149,29 @@ def emit_cuda(program: Program) -> CudaSource:
             params.append(f"{c_type(p.type.dtype)}* __restrict__ {p.name}")
         else:
             params.append(f"{'float' if p.type.is_float else 'int'} {p.name}")
+    maps = cg.tensor_maps.all()
+    params += [f"const __grid_constant__ lowvm_tensor_map {m.name}" for m in maps]
     digest = hashlib.sha256("\n".join(cg.lines).encode()).hexdigest()[:10]
     name = f"lowvm_{program.name}_{digest}"
     consts = ", ".join(f"{k}={v}" for k, v in program.constants)
     bounds = f"{program.num_threads}" + (
         f", {program.min_blocks}" if program.min_blocks is not None else "")
+    align = 1024 if cg.uses_async_proxy or cg.uses_tensor_copies else 16
     header = [
         f"// lowvm program {program.name}" + (f" [{consts}]" if consts else ""),
         f"// grid [{', '.join(str(g) for g in program.grid)}], {program.num_threads} threads, "
         f"{shared_bytes} bytes of shared memory",
         f'extern "C" __global__ void __launch_bounds__({bounds}) '
         f"{name}({', '.join(params)}) {{",
-        f"  extern __shared__ __align__({1024 if cg.uses_async_proxy else 16}) "
+        f"  extern __shared__ __align__({align}) "
         "unsigned char lowvm_smem[];",
         "  const int tid = threadIdx.x;",
         f"  const int lowvm_scratch = {scratch_at};",
         "  (void)lowvm_smem; (void)tid; (void)lowvm_scratch;",
     ]
     decls = ["  " + d for d in cg.declared]
-    source = "\n".join([PRELUDE.strip(), "", *header, *decls, *cg.lines, "}", ""])
+    prelude = [PRELUDE.strip(), *([TENSOR_MAP_PRELUDE] if cg.uses_tensor_copies else [])]
+    source = "\n".join([*prelude, "", *header, *decls, *cg.lines, "}", ""])
     return CudaSource(name, source, program.num_threads, shared_bytes, cg.waits_prior_grid,
-                      cg.uses_async_proxy, cg.static_shared_bytes)
+                      cg.uses_async_proxy, cg.static_shared_bytes, cg.uses_tensor_copies,
+                      maps)

@@ -9,13 +9,22 @@ the row within an 8-row group from the address bits.
 
 from __future__ import annotations
 
-from lowvm.instructions import AllocShared, DotShared, FreeShared
+from lowvm.instructions import (
+    AllocBarriers,
+    AllocShared,
+    CopyTma,
+    DotShared,
+    FreeShared,
+    StoreTma,
+)
 from lowvm.ir import Program, SharedTensor
 
 __all__ = ["allocate_shared", "reused_space"]
 
 _ALIGN = 16
 _WGMMA_ALIGN = 1024
+#: a tensor copy's box starts on 128 bytes, a swizzled one on a whole swizzle pattern
+_TMA_ALIGN, _TMA_SWIZZLED_ALIGN = 128, 1024
 
 
 def _align(n: int, to: int = _ALIGN) -> int:
@@ -27,11 +36,17 @@ def allocate_shared(program: Program) -> tuple[dict[SharedTensor, int], int]:
     live: list[tuple[int, int, SharedTensor]] = []
     offsets: dict[SharedTensor, int] = {}
     total = 0
-    wgmma_read = {inst.b for inst in program.instructions()
-                  if isinstance(inst, DotShared) and inst.impl is not None}
+    align: dict[SharedTensor, int] = {}
     for inst in program.instructions():
-        if isinstance(inst, AllocShared):
-            to = _WGMMA_ALIGN if inst.out in wgmma_read else _ALIGN
+        if isinstance(inst, DotShared) and inst.impl is not None:
+            align[inst.b] = max(align.get(inst.b, _ALIGN), _WGMMA_ALIGN)
+        elif isinstance(inst, (CopyTma, StoreTma)):
+            tile = inst.dst if isinstance(inst, CopyTma) else inst.src
+            to = _TMA_SWIZZLED_ALIGN if inst.swizzle else _TMA_ALIGN
+            align[tile] = max(align.get(tile, _ALIGN), to)
+    for inst in program.instructions():
+        if isinstance(inst, (AllocShared, AllocBarriers)):
+            to = align.get(inst.out, _ALIGN)
             size = _align(inst.out.nbytes)
             start = 0
             for begin, end, _ in sorted(live):

@@ -14,6 +14,12 @@ from lowvm.instructions.data import (
 )
 from lowvm.instructions.dot import DOT_TYPES, Dot, DotShared, DotWait
 from lowvm.instructions.elementwise import COMPARISONS, OPS, Elementwise
+from lowvm.instructions.mbarrier import (
+    AllocBarriers,
+    MbarrierArrive,
+    MbarrierExpectTx,
+    MbarrierWait,
+)
 from lowvm.instructions.memory import (
     AllocShared,
     CommitGroup,
@@ -28,6 +34,7 @@ from lowvm.instructions.memory import (
     WaitGroup,
 )
 from lowvm.instructions.reduce import REDUCE_OPS, Reduce
+from lowvm.instructions.tma import CopyBulk, CopyTma, StoreTma, StoreTmaWait
 
 __all__ = [
     "ATOMIC_TYPES",
@@ -64,4 +71,12 @@ __all__ = [
     "WaitGroup",
     "Reduce",
     "REDUCE_OPS",
+    "AllocBarriers",
+    "MbarrierArrive",
+    "MbarrierExpectTx",
+    "MbarrierWait",
+    "CopyTma",
+    "CopyBulk",
+    "StoreTma",
+    "StoreTmaWait",
 ]

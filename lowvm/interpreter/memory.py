@@ -114,8 +114,9 @@ def bind_pointer(name: str, dtype: DType, arg: Any) -> GlobalBuffer:
     return GlobalBuffer(name, dtype, flat, False)
 
 
-# shared element states
-UNINIT, VISIBLE, WRITTEN, IN_FLIGHT, LANDED = range(5)
+# shared element states (SIGNALLED: written by a copy that signals an mbarrier, readable
+# once a wait saw the phase it completed)
+UNINIT, VISIBLE, WRITTEN, IN_FLIGHT, LANDED, SIGNALLED = range(6)
 _NOBODY = np.iinfo(np.int32).max
 
 
@@ -133,6 +134,12 @@ class SharedStorage:
         self.reader_max = np.full(size, -1, dtype=np.int32)
         #: read by a dot_shared still in flight (no dot_wait yet): no write may touch it
         self.tensor_core_reads = np.zeros(size, dtype=bool)
+        #: read by a store_tma not yet waited for (store_tma_wait): no write may touch it
+        self.bulk_reads = np.zeros(size, dtype=bool)
+        #: for SIGNALLED elements: the barrier (uid) and the phase their copy completes
+        self.signal_barrier = np.full(size, -1, dtype=np.int64)
+        self.signal_phase = np.full(size, -1, dtype=np.int64)
+        self.barrier_names: dict[int, str] = {}
 
     def _fail(self, inst: Instruction, st: BlockState, mask: np.ndarray, pos: np.ndarray,
               message: str) -> None:
@@ -154,6 +161,13 @@ class SharedStorage:
             self._fail(inst, st, state == IN_FLIGHT, pos,
                        "reads data of a copy_async not yet completed: commit_group, "
                        "wait_group and sync before reading")
+        if (state == SIGNALLED).any():
+            first = pos[state == SIGNALLED].ravel()[0]
+            name = self.barrier_names.get(int(self.signal_barrier[first]), "its barrier")
+            self._fail(inst, st, state == SIGNALLED, pos,
+                       f"reads data of a copy_tma or copy_bulk before an mbarrier_wait on "
+                       f"{name} returned for the phase its bytes complete (phase "
+                       f"{int(self.signal_phase[first])})")
         if (state == LANDED).any():
             self._fail(inst, st, state == LANDED, pos,
                        "reads data of a copy_async after wait_group but before a sync; "
@@ -177,9 +191,17 @@ class SharedStorage:
             self._fail(inst, st, self.tensor_core_reads[pos], pos,
                        "overwrites shared memory that a dot_shared issued with wait=False "
                        "may still be reading; vm.dot_wait() first")
+        if self.bulk_reads[pos].any():
+            self._fail(inst, st, self.bulk_reads[pos], pos,
+                       "overwrites shared memory that a store_tma may still be reading; "
+                       "vm.store_tma_wait() first")
         if (self.state[pos] == IN_FLIGHT).any():
             self._fail(inst, st, self.state[pos] == IN_FLIGHT, pos,
                        "overwrites shared memory that a copy_async is still writing")
+        if (self.state[pos] == SIGNALLED).any():
+            self._fail(inst, st, self.state[pos] == SIGNALLED, pos,
+                       "overwrites shared memory that a copy_tma or copy_bulk may still be "
+                       "writing (no mbarrier_wait saw its phase complete)")
         read = self.reader_max[pos] >= 0
         if threads is None:
             conflict = read
@@ -220,6 +242,43 @@ class SharedStorage:
         self.values[pos] = values
         self.state[pos] = IN_FLIGHT
         st.add_async_copy(self, pos)
+
+    def copy_signalled(self, pos: np.ndarray, values: np.ndarray, inst: Instruction,
+                       st: BlockState, barrier: Any, phase: int) -> None:
+        """A copy that signals ``barrier`` (an interpreter Mbarrier) wrote ``values`` at
+        ``pos``; readable once a wait saw ``phase`` complete."""
+        self._check_overwrite(pos, None, inst, st)
+        self.values[pos] = values
+        self.state[pos] = SIGNALLED
+        self.signal_barrier[pos] = barrier.uid
+        self.signal_phase[pos] = phase
+        self.barrier_names[barrier.uid] = barrier.name
+
+    def observe(self, uid: int, completed: int) -> None:
+        """A wait saw barrier ``uid`` complete its first ``completed`` phases: the copies
+        that signalled those phases are visible to every thread."""
+        seen = ((self.state == SIGNALLED) & (self.signal_barrier == uid)
+                & (self.signal_phase < completed))
+        self.state[seen] = VISIBLE
+
+    def read_bulk(self, pos: np.ndarray, inst: Instruction, st: BlockState) -> np.ndarray:
+        """Values a store_tma reads at ``pos`` (flat): written and synced before it; they
+        stay busy until store_tma_wait."""
+        state = self.state[pos]
+        bad = state != VISIBLE
+        if bad.any():
+            what = {UNINIT: "never written", WRITTEN: "written without a sync before it",
+                    IN_FLIGHT: "still being written by a copy_async",
+                    LANDED: "landed by a copy_async but not synced",
+                    SIGNALLED: "written by a copy not yet waited for"}
+            self._fail(inst, st, bad, pos, "store_tma reads shared memory "
+                       + what[int(state[bad][0])])
+        self.bulk_reads[pos] = True
+        return self.values[pos]
+
+    def release_bulk_reads(self) -> None:
+        """store_tma_wait: every store_tma has finished reading."""
+        self.bulk_reads[:] = False
 
     def land(self, pos: np.ndarray) -> None:
         """The async copy to ``pos`` completed (not yet visible to other threads)."""

@@ -145,13 +145,17 @@ def _run(program: Program, args: tuple[Any, ...], checked: bool) -> None:
         block_env = dict(env)
         block_env.update({"blockIdx.x": bx, "blockIdx.y": by, "blockIdx.z": bz,
                           "gridDim.x": grid3[0], "gridDim.y": grid3[1], "gridDim.z": grid3[2]})
-        st = BlockState(block_env, buffers, (bx, by, bz), checked)
+        st = BlockState(block_env, buffers, (bx, by, bz), checked, program.num_threads)
         _execute(program.body, st)
         if st.pending_tiles:
             names = ", ".join(sorted(f"%{t.name}" for t in st.pending_tiles))
             raise ProgramError(f"{program.name}: a dot_shared issued with wait=False "
                                f"({names}) is not followed by vm.dot_wait() before the "
                                "end of the program")
+        if st.bulk_stores_pending:
+            raise ProgramError(f"{program.name}: a store_tma is not followed by "
+                               "vm.store_tma_wait() before the end of the program (the "
+                               "block's shared memory must outlive the copy's read)")
 
 
 def _bind(program: Program, args: tuple[Any, ...]

@@ -14,8 +14,16 @@ import numpy as np
 
 from lowvm.expr import ExprLike, evaluate_int32
 from lowvm.instructions.base import Instruction
+from lowvm.interpreter.barriers import Mbarrier
 from lowvm.interpreter.memory import GlobalBuffer, InterpretError, SharedStorage
-from lowvm.ir import GlobalTensor, ProgramError, RegisterTensor, SharedTensor, SourceLoc
+from lowvm.ir import (
+    BarrierTensor,
+    GlobalTensor,
+    ProgramError,
+    RegisterTensor,
+    SharedTensor,
+    SourceLoc,
+)
 
 __all__ = ["BlockState"]
 
@@ -24,12 +32,17 @@ class BlockState:
     """Scalars, registers, shared tiles and async-copy groups of one block."""
 
     def __init__(self, env: Mapping[str, int | float], buffers: Mapping[str, GlobalBuffer],
-                 block: tuple[int, ...], checked: bool = False) -> None:
+                 block: tuple[int, ...], checked: bool = False, threads: int = 0) -> None:
         self.env: dict[str, int | float] = dict(env)
         #: report int32 overflow of index and loop arithmetic instead of wrapping it
         self.checked = checked
         self.buffers = buffers
         self.block = block
+        #: the threads that execute the instructions (the block's)
+        self.role_threads = threads
+        self.barriers: dict[BarrierTensor, list[Mbarrier]] = {}
+        #: a store_tma was issued and no store_tma_wait followed yet
+        self.bulk_stores_pending = False
         self.registers: dict[RegisterTensor, np.ndarray] = {}
         self.globals: dict[GlobalTensor, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self.shared_tiles: dict[SharedTensor, SharedStorage] = {}
@@ -127,6 +140,9 @@ class BlockState:
         storage = self.shared_tiles.pop(tensor, None)
         if storage is None:
             raise self.runtime_error(inst, f"%{tensor.name} is not allocated")
+        if storage.bulk_reads.any():
+            raise self.runtime_error(inst, f"%{tensor.name} is freed while a store_tma may "
+                                     "still read it; vm.store_tma_wait() first")
         if storage.tensor_core_reads.any():
             raise self.runtime_error(inst, f"%{tensor.name} is freed while a dot_shared "
                                      "issued with wait=False may still read it; "
@@ -183,6 +199,41 @@ class BlockState:
             raise self.runtime_error(
                 inst, f"the shared tile %{tensor.name} is used after free_shared (or before "
                 "its allocation)") from None
+
+    # mbarriers ------------------------------------------------------------------------
+    def alloc_barriers(self, tensor: BarrierTensor) -> None:
+        """Fresh barriers, each waiting for its first phase."""
+        first = sum(len(b) for b in self.barriers.values())
+        self.barriers[tensor] = [Mbarrier(first + i, f"%{tensor.name}[{i}]", tensor.arrivals)
+                                 for i in range(tensor.count)]
+
+    def barrier(self, tensor: BarrierTensor, index, inst: Instruction) -> Mbarrier:
+        """Barrier ``index`` of ``tensor`` (its runtime index checked)."""
+        bars = self.barriers.get(tensor)
+        if bars is None:
+            raise self.runtime_error(inst, f"%{tensor.name} is used before vm.mbarriers "
+                                     "allocated it")
+        i = self.eval(index)
+        if not 0 <= i < len(bars):
+            raise self.runtime_error(inst, f"barrier index {i} is outside %{tensor.name}, "
+                                     f"which holds {len(bars)} barriers (0..{len(bars) - 1})")
+        return bars[i]
+
+    def wait_barrier(self, tensor: BarrierTensor, index, parity, inst: Instruction) -> None:
+        """``mbarrier_wait``: return if the phase of ``parity`` completed, making the
+        bytes of the copies that completed it readable; else nothing can complete it
+        (one stream of instructions runs): a deadlock."""
+        barrier = self.barrier(tensor, index, inst)
+        p = self.eval(parity)
+        if p not in (0, 1):
+            raise self.runtime_error(inst, f"parity must be 0 or 1, got {p}")
+        if not barrier.done(p):
+            raise self.runtime_error(
+                inst, f"deadlock: the wait for the phase of parity {p} of {barrier.name} "
+                f"never returns ({barrier.describe()}) and no other instruction can run "
+                "before it")
+        for storage in self.shared_tiles.values():
+            storage.observe(barrier.uid, barrier.completed)
 
     # asynchronous copies ------------------------------------------------------------
     def add_async_copy(self, storage: SharedStorage, pos: np.ndarray) -> None:

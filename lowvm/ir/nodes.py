@@ -20,7 +20,7 @@ from typing import Any
 
 from lowvm.dtypes import DType
 from lowvm.errors import LowvmError
-from lowvm.expr import Expr, Var
+from lowvm.expr import Expr, Var, as_expr
 from lowvm.layouts import GlobalLayout, RegisterLayout, SharedLayout
 
 __all__ = [
@@ -31,6 +31,9 @@ __all__ = [
     "GlobalTensor",
     "SharedTensor",
     "RegisterTensor",
+    "BarrierTensor",
+    "BarrierRef",
+    "MBARRIER",
     "PointerType",
     "Param",
     "Stmt",
@@ -52,6 +55,10 @@ Instruction = Any
 
 #: The type of comparison results and masks (one bit of truth, stored as 0/1).
 BOOL = DType("bool", 1, "uint")
+
+#: The type of an mbarrier: a 64-bit word of shared memory the hardware counts arrivals
+#: and transaction bytes in (never read as a number).
+MBARRIER = DType("mbarrier", 64, "uint")
 
 #: Shared memory one block may use on an H100 (227 KB opt-in); sm_80 allows 163 KB.
 DEFAULT_MAX_SHARED_BYTES = 227 * 1024
@@ -249,6 +256,48 @@ class RegisterTensor(Tensor):
             f"the tile {self.name} has no single truth value; use vm.where(...) for "
             "elementwise choices"
         )
+
+
+@dataclass(frozen=True, eq=False)
+class BarrierTensor(Tensor):
+    """``count`` mbarriers in shared memory, each waiting for ``arrivals`` arrivals (and
+    the transaction bytes announced to it) per phase.
+
+    Why a tile kind of its own: a barrier is not data. Instructions arrive on it, add
+    expected bytes to it, or wait for one of its phases; nothing loads or stores it.
+    ``bars[i]`` names barrier ``i`` (a runtime index: a pipeline's stage).
+    """
+
+    count: int
+    arrivals: int
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One barrier per element."""
+        return (self.count,)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of shared memory the barriers occupy (8 each)."""
+        return 8 * self.count
+
+    def type_str(self) -> str:
+        """``mbarrier[4] (arrivals 1)`` style text."""
+        return f"mbarrier[{self.count}] (arrivals {self.arrivals})"
+
+    def __getitem__(self, index: object) -> BarrierRef:
+        return BarrierRef(self, as_expr(index))  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class BarrierRef:
+    """Barrier ``index`` of ``barriers`` (what ``bars[i]`` gives a program)."""
+
+    barriers: BarrierTensor
+    index: Expr
+
+    def __str__(self) -> str:
+        return f"%{self.barriers.name}[{self.index}]"
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ Everything a program needs is here: the decorator, parameter types (``vm.ptr[...
 """
 
 from lowvm.dtypes import *  # noqa: F403
+from lowvm.lang.async_ops import *  # noqa: F403
+from lowvm.lang.async_ops import __all__ as _async_ops
 from lowvm.lang.builder import Pointer
 from lowvm.lang.ops import *  # noqa: F403
 from lowvm.lang.ops import __all__ as _ops
@@ -20,11 +22,13 @@ from lowvm.layouts import (
     shared_strided,
     spatial,
     swizzle_128b,
+    tma_layout,
 )
 
 __all__ = [
     "program", "ProgramTemplate", "ptr", "dtype_of", "constexpr", "Pointer",
     "local", "spatial", "column_local", "column_spatial", "concat", "mma_layouts",
     "shared_row_major", "shared_column_major", "shared_strided", "swizzle_128b",
-    *_ops,
+    "tma_layout",
+    *_ops, *_async_ops,
 ]  # fmt: skip

@@ -27,6 +27,8 @@ from lowvm.layouts.shared import (
     shared_row_major,
     shared_strided,
     swizzle_128b,
+    tma_layout,
+    tma_swizzle_bytes,
 )
 from lowvm.layouts.visualize import visualize
 
@@ -53,6 +55,8 @@ __all__ = [
     "shared_column_major",
     "shared_strided",
     "swizzle_128b",
+    "tma_layout",
+    "tma_swizzle_bytes",
     "GlobalLayout",
     "global_row_major",
     "global_column_major",

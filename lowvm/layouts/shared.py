@@ -28,7 +28,13 @@ __all__ = [
     "shared_strided",
     "swizzle_128b",
     "staged_layout",
+    "TMA_SWIZZLES",
+    "tma_layout",
+    "tma_swizzle_bytes",
 ]
+
+#: the swizzle spans (bytes) of Hopper's tensor copies: 0 (none), 32, 64, 128
+TMA_SWIZZLES = (0, 32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -171,3 +177,66 @@ def staged_layout(layout: SharedLayout, stages: int, elem_bits: int) -> SharedLa
         unit = math.lcm(unit, 1 << (sw.base + sw.shift + sw.bits))
     stride = -(-span // unit) * unit
     return SharedLayout((stages, *layout.shape), (stride, *layout.strides), sw)
+def _tma_swizzle(span: int, elem_bytes: int) -> Swizzle | None:
+    """The swizzle a tensor copy of swizzle span ``span`` bytes applies, in elements of
+    ``elem_bytes``: 16-byte chunk ``c`` of each ``span``-byte row is stored at chunk
+    ``c ^ (row % (span / 16))``, the row counted in 128-byte units of the tile."""
+    if span == 0:
+        return None
+    bits = {32: 1, 64: 2, 128: 3}[span]
+    return Swizzle(bits=bits, base=int(math.log2(16 // elem_bytes)), shift=3)
+
+
+def tma_layout(shape: Sequence[int], dtype: DType | str, swizzle: int = 128) -> SharedLayout:
+    """The row-major ``shape`` tile as a tensor copy (``vm.copy_tma``) writes it, with the
+    copy's ``swizzle`` span in bytes (0, 32, 64 or 128).
+
+    Why: the copy engine places each box row-major and XORs 16-byte chunks within each
+    span-byte row segment by the 128-byte row number, so ``ldmatrix`` and ``wgmma`` read
+    the tile without bank conflicts. With a swizzle, a row of the tile is exactly the
+    span (its innermost dim spans ``swizzle`` bytes); ``swizzle=128`` over 16-bit
+    elements is :func:`swizzle_128b`'s layout of 64-column rows.
+    """
+    dt = as_dtype(dtype)
+    dims = _positive(shape, "tma_layout")
+    if swizzle not in TMA_SWIZZLES:
+        raise LayoutError(f"tma_layout: swizzle must be one of {TMA_SWIZZLES} bytes, got "
+                          f"{swizzle!r}")
+    if dt.nbits % 8 or dt.nbits > 64:
+        raise LayoutError(f"tma_layout: the element type must be 1, 2, 4 or 8 bytes, got "
+                          f"{dt.name}")
+    elem = dt.nbits // 8
+    if swizzle and dims[-1] * elem != swizzle:
+        raise LayoutError(
+            f"tma_layout: with swizzle={swizzle} the innermost dim must span exactly "
+            f"{swizzle} bytes ({swizzle // elem} {dt.name}), got {dims[-1]}")
+    strides = [math.prod(dims[d + 1:]) for d in range(len(dims))]
+    return SharedLayout(dims, tuple(strides), _tma_swizzle(swizzle, elem))
+
+
+def tma_swizzle_bytes(layout: SharedLayout, dtype: DType, box: Sequence[int]) -> int | None:
+    """The swizzle span (0, 32, 64 or 128 bytes) a tensor copy of a row-major ``box``
+    (the trailing dims of ``layout``) uses to produce ``layout``, or None where no copy
+    can: the box must be ``layout``'s trailing dims stored row-major, each leading index
+    selecting a whole box, under one of the copy's swizzles."""
+    if dtype.nbits % 8:
+        return None
+    elem = dtype.nbits // 8
+    rank = len(box)
+    if rank > layout.rank or tuple(box) != layout.shape[layout.rank - rank:]:
+        return None
+    inner = [math.prod(box[d + 1:]) for d in range(rank)]
+    if list(layout.strides[layout.rank - rank:]) != inner:
+        return None
+    size = math.prod(box)
+    if any(st % size for st in layout.strides[:layout.rank - rank]):
+        return None
+    for span in TMA_SWIZZLES:
+        if span and box[-1] * elem != span:
+            continue
+        want = _tma_swizzle(span, elem)
+        if layout.swizzle == want:
+            if span and any(st * elem % 1024 for st in layout.strides[:layout.rank - rank]):
+                return None  # each box must start on a whole swizzle pattern (1024 bytes)
+            return span
+    return None

@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lowvm.expr import const_value
-from lowvm.instructions import AllocShared, FreeShared, GlobalView, Instruction
+from lowvm.instructions import AllocBarriers, AllocShared, FreeShared, GlobalView, Instruction
 from lowvm.ir import (
+    BarrierTensor,
     ForStmt,
     GlobalTensor,
     IfStmt,
@@ -97,7 +98,8 @@ class _Verifier:
                              + (f" at {where}" if where else ""))
         if t not in st.defined:
             what = {RegisterTensor: "written", SharedTensor: "allocated",
-                    GlobalTensor: "named by global_view"}.get(type(t), "defined")
+                    GlobalTensor: "named by global_view",
+                    BarrierTensor: "allocated by vm.mbarriers"}.get(type(t), "defined")
             raise self.error(inst, f"%{t.name} is used before it is {what} (a tile used in "
                              "a loop must be defined before the loop or above its use)")
 
@@ -120,7 +122,8 @@ class _Verifier:
             return
         for t in inst.operands():
             self.use(inst, t, st)
-        if isinstance(inst, (AllocShared, GlobalView)) or isinstance(out, RegisterTensor):
+        if (isinstance(inst, (AllocShared, AllocBarriers, GlobalView))
+                or isinstance(out, RegisterTensor)):
             if isinstance(inst, AllocShared) and st.loops:
                 st.loops[-1].add(out)  # type: ignore[arg-type]
             st.defined.add(out)  # type: ignore[arg-type]

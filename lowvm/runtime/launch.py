@@ -47,7 +47,7 @@ _GRID_LIMITS = (_MAX_GRID_X, _MAX_GRID_YZ, _MAX_GRID_YZ)
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 _INVALID_CONTEXT = cu.CUresult.CUDA_ERROR_INVALID_CONTEXT
 _INVALID_VALUE = cu.CUresult.CUDA_ERROR_INVALID_VALUE
-_PARAM_SIZE = {"pointer": 8, "scalar": 4}
+_PARAM_SIZE = {"pointer": 8, "scalar": 4, "tensor_map": 128}
 # torch's current-device and current-stream getters, fetched on the first launch (torch's
 # CUDA state must be initialised first); a list so the hot path reads a local, not a dict.
 _host_fns: list[Any] = [None, None]

@@ -43,12 +43,13 @@ __all__ = [
     "ctypes_type_for",
     "make_converter",
     "POINTER_ALIGNMENT",
+    "TensorMapSlot",
 ]
 
 POINTER_ALIGNMENT = 16
 """Bytes every pointer argument must be aligned to (kernels use 16-byte vector accesses)."""
 
-_KINDS = ("pointer", "scalar")
+_KINDS = ("pointer", "scalar", "tensor_map")
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 _FLOAT32_MAX = float.fromhex("0x1.fffffep+127")
 _POINTER_LIMIT = 2**64
@@ -70,10 +71,13 @@ Converter = Callable[[Any, "int | None"], "int | float"]
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One kernel parameter: its name, ``"pointer"`` or ``"scalar"``, and its element type.
+    """One kernel parameter: its name, ``"pointer"``, ``"scalar"`` or ``"tensor_map"``,
+    and its element type.
 
     A pointer's ``dtype`` is the element type it points to (a low-bit type means a uint8
-    buffer of packed codes); a scalar's is its own type, ``int32`` or ``float32``.
+    buffer of packed codes); a scalar's is its own type, ``int32`` or ``float32``; a
+    tensor map's (the 128-byte descriptor of a tensor copy, passed by value) the element
+    type of the tensor it describes.
     """
 
     name: str
@@ -163,8 +167,24 @@ def torch_dtype_for(spec: ParamSpec) -> torch.dtype:
     return _TORCH_DTYPES.get(spec.dtype, torch.uint8)
 
 
+class TensorMapSlot(ctypes.Structure):
+    """A tensor map's slot in a launch's parameter block (128 bytes, by value)."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+    @property
+    def value(self) -> bytes:
+        return bytes(self)
+
+    @value.setter
+    def value(self, data: bytes) -> None:
+        ctypes.memmove(ctypes.addressof(self), data, ctypes.sizeof(self))
+
+
 def ctypes_type_for(spec: ParamSpec) -> type:
     """The ctypes type cuda-python packs the argument as."""
+    if spec.kind == "tensor_map":
+        return TensorMapSlot
     if spec.kind == "pointer":
         return ctypes.c_void_p
     return ctypes.c_int if spec.dtype == int32 else ctypes.c_float
@@ -302,6 +322,18 @@ def _float32_converter(kernel: str, spec: ParamSpec) -> Converter:
     return convert
 
 
+def _tensor_map_converter(kernel: str, spec: ParamSpec) -> Converter:
+    size = ctypes.sizeof(TensorMapSlot)
+
+    def convert(x: Any, device: int | None) -> bytes:
+        if type(x) is bytes and len(x) == size:
+            return x
+        raise _error(kernel, spec, "must be an encoded tensor map", x,
+                     f"the {size} bytes of lowvm.runtime.tensor_map.encode_tensor_map")
+
+    return convert
+
+
 def make_converter(kernel: str, spec: ParamSpec) -> Converter:
     """A function ``(argument, device) -> launch value`` that raises LaunchError on a bad one.
 
@@ -310,6 +342,8 @@ def make_converter(kernel: str, spec: ParamSpec) -> Converter:
     """
     if spec.kind == "pointer":
         return _pointer_converter(kernel, spec)
+    if spec.kind == "tensor_map":
+        return _tensor_map_converter(kernel, spec)
     if spec.dtype == int32:
         return _int32_converter(kernel, spec)
     return _float32_converter(kernel, spec)

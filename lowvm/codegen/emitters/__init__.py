@@ -11,9 +11,11 @@ from lowvm.codegen.emitters import (  # noqa: F401  (each module registers its e
     dot,
     dot_selected,
     elementwise,
+    mbarrier,
     memory,
     memory_selected,
     reduce,
+    tma,
 )
 from lowvm.codegen.emitters.registry import (
     EMITTERS,
