@@ -13,6 +13,7 @@ from lowvm.interpreter import InterpretError, interpret
 from lowvm.ir import ProgramError
 from lowvm.kernels.schedule_source import set_schedule_source as _set_schedule_source
 from lowvm.nn.hf.hook import install as _install_hf_hook
+from lowvm.nn.quantize.recorder import set_model_recorder as _set_model_recorder
 from lowvm.version import __version__ as __version__
 
 _install_hf_hook()  # lowvm checkpoints load through transformers' from_pretrained
@@ -26,6 +27,17 @@ def _tuned_schedule(m: int, weight: object) -> object:
 
 
 _set_schedule_source(_tuned_schedule)
+
+
+def _record_quantization(*settings: object) -> None:
+    """quantize_model's recorder: a LowvmConfig and the model card on a Hugging Face model
+    (imported on first use)."""
+    from lowvm.nn.hf.record import record_quantization
+
+    record_quantization(*settings)
+
+
+_set_model_recorder(_record_quantization)
 
 _NN_NAMES = ("QuantLinear", "quantize_model", "LowvmConfig", "from_pretrained",
              "dequantize_model", "fuse_projections", "FuseReport", "use_decode_attention",

@@ -1,8 +1,9 @@
 """``LowvmConfig``: the quantization settings of a model, and the record of a saved one.
 
 Kept apart from the transformers quantizer (:mod:`lowvm.nn.hf.quantizer`) so that
-:func:`~lowvm.nn.quantize.model.quantize_model` can record a config without importing the quantizer,
-which itself calls ``quantize_model``.
+recording the config of :func:`~lowvm.nn.quantize.model.quantize_model`
+(:mod:`lowvm.nn.hf.record`) does not import the quantizer, which itself calls
+``quantize_model``.
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ calibration inputs come from the quantized blocks before it; if it fails half-wa
 layers already swapped are put back before the error propagates. With ``bits``, the
 per-layer types are chosen for a bits-per-weight budget (:mod:`lowvm.nn.quantize.bit_budget`).
 Per-layer types come from glob patterns on module names (or the budget's plan); the resolved
-per-layer formats are recorded in the model's ``config.quantization_config`` (a
-:class:`~lowvm.nn.hf.config.LowvmConfig`) so that ``save_pretrained`` / ``from_pretrained``
-rebuild the same layers.
+per-layer formats go to the registered recorder (:mod:`lowvm.nn.quantize.recorder`), which
+keeps them in a Hugging Face model's ``config.quantization_config`` so that
+``save_pretrained`` / ``from_pretrained`` rebuild the same layers.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from lowvm.nn.quantize.calibration import (
     run_blocks,
 )
 from lowvm.nn.quantize.gptq import gptq_quantize
+from lowvm.nn.quantize.recorder import model_recorder
 from lowvm.nn.swap import set_module
 
 __all__ = ["quantize_model", "QuantReport", "plan_layers", "name_matches"]
@@ -415,18 +416,12 @@ def _quantize_to_budget(model: nn.Module, bits: Any, candidates: Any, dtype: Any
 
 def _record_config(model: nn.Module, report: QuantReport, dtype: Any, group_size: int | None,
                    zero_point: bool | None, skip: Iterable[str]) -> None:
-    """Attach a LowvmConfig to a Hugging Face model so save_pretrained records the layers."""
+    """Hand the settings to the registered recorder (:mod:`lowvm.nn.quantize.recorder`:
+    a LowvmConfig for save_pretrained, and the model card) where ``model`` is a Hugging
+    Face model, i.e. has a transformers config."""
     config = getattr(model, "config", None)
-    if config is None or not hasattr(config, "to_dict") or not report.replaced:
+    recorder = model_recorder()
+    if (recorder is None or config is None or not hasattr(config, "to_dict")
+            or not report.replaced):
         return
-    from lowvm.nn.hf.config import LowvmConfig
-
-    previous = getattr(config, "quantization_config", None)
-    modules = dict(previous.modules) if isinstance(previous, LowvmConfig) else {}
-    modules.update(report.modules())
-    config.quantization_config = LowvmConfig(dtype=dtype, group_size=group_size,
-                                             zero_point=zero_point, skip=skip, modules=modules,
-                                             method=report.method)
-    from lowvm.nn.hf.model_card import attach_model_card
-
-    attach_model_card(model)  # save_pretrained also writes the "needs import lowvm" card
+    recorder(model, report, dtype, group_size, zero_point, skip)

@@ -176,3 +176,30 @@ def test_a_model_without_lm_head_quantizes_with_the_default_skip():
     mlp = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.ReLU()).half()
     report = lowvm.quantize_model(mlp, progress=False)
     assert isinstance(mlp[0], QuantLinear) and report is not None
+
+
+def test_settings_go_to_the_registered_recorder():
+    """quantize_model hands a Hugging Face model's settings to whichever recorder is
+    registered (import lowvm registers hf's); a plain module records nothing."""
+    from lowvm.nn.hf.record import record_quantization
+    from lowvm.nn.quantize.recorder import model_recorder, set_model_recorder
+
+    calls = []
+    before = set_model_recorder(lambda *settings: calls.append(settings))
+    try:
+        assert before is not None
+        model = tiny_llama()
+        report = lowvm.quantize_model(model, dtype="int4", group_size=64, skip=["lm_head"],
+                                      progress=False)
+        ((got_model, got_report, *settings),) = calls
+        assert got_model is model and got_report is report
+        assert settings[:3] == ["int4", 64, None] and list(settings[3]) == ["lm_head"]
+        assert getattr(model.config, "quantization_config", None) is None
+        plain = torch.nn.Sequential(torch.nn.Linear(128, 64, dtype=torch.float16))
+        lowvm.quantize_model(plain, dtype="int4", group_size=64, progress=False)
+        assert len(calls) == 1
+    finally:
+        set_model_recorder(before)
+    assert model_recorder() is before
+    record_quantization(model, report, "int4", 64, None, ["lm_head"])  # what hf's keeps
+    assert set(model.config.quantization_config.modules) == set(report.layers)
