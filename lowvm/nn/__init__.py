@@ -24,7 +24,8 @@ __all__ = ["QuantLinear", "quantize_model", "QuantReport", "LowvmConfig", "from_
            "WeightFormatError", "LowvmFallbackWarning", "fuse_projections", "FuseReport",
            "FuseError", "FusedGateUpMLP", "concat_out_features", "use_decode_attention",
            "AttentionError", "from_pretrained", "dequantize_model", "from_compressed_tensors",
-           "shard_quant_linear", "TensorParallelError"]
+           "shard_quant_linear", "TensorParallelError", "CheckpointError",
+           "CheckpointNotFoundError", "LayerSkippedWarning"]
 
 _WHERE = {
     "QuantLinear": "lowvm.nn.layer.quant_linear",
@@ -40,6 +41,9 @@ _WHERE = {
     "ActivationError": "lowvm.nn.errors",
     "CheckpointImportError": "lowvm.nn.errors",
     "WeightFormatError": "lowvm.nn.errors",
+    "CheckpointError": "lowvm.nn.errors",
+    "CheckpointNotFoundError": "lowvm.nn.errors",
+    "LayerSkippedWarning": "lowvm.nn.quantize.model",
     "LowvmFallbackWarning": "lowvm.nn.layer.backend",
     **dict.fromkeys(("fuse_projections", "FuseReport", "FuseError", "FusedGateUpMLP",
                      "concat_out_features"), "lowvm.nn.serve.fuse"),

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from lowvm.errors import LowvmError
 
-__all__ = ["QuantizationError", "ActivationError", "CheckpointImportError", "WeightFormatError"]
+__all__ = ["QuantizationError", "ActivationError", "CheckpointImportError", "WeightFormatError",
+           "CheckpointError", "CheckpointNotFoundError"]
 
 
 class QuantizationError(LowvmError, ValueError):
@@ -27,3 +28,13 @@ class CheckpointImportError(LowvmError, ValueError):
 class WeightFormatError(LowvmError, ValueError):
     """Saved packed weights in a format this lowvm does not store: another version of the
     kernel's repacked layout, or the plain bit-stream rows of older lowvm checkpoints."""
+
+
+class CheckpointError(LowvmError, ValueError):
+    """A checkpoint or state dict whose tensors do not make the layers it records: a tensor
+    missing or left over, a layer its config does not name, scales that are not finite, an
+    input permutation that is not one."""
+
+
+class CheckpointNotFoundError(LowvmError, FileNotFoundError):
+    """A local checkpoint path that does not exist, or a directory holding no saved model."""

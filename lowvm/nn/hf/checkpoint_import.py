@@ -45,6 +45,7 @@ from lowvm.nn.errors import CheckpointImportError
 from lowvm.nn.layer.packing import unpack_rows
 from lowvm.nn.layer.quant_linear import QuantLinear, bias_dtype_for
 from lowvm.nn.layer.quantize import FP16_SCALE_MAX
+from lowvm.nn.layer.tensor_checks import bias_problem
 
 __all__ = ["from_gptq", "from_awq", "from_compressed_tensors", "AWQ_ORDER"]
 
@@ -127,6 +128,7 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
         raise CheckpointImportError(f"{where}: group_size={group_size} with {groups} scale "
                                     f"groups does not cover K={k}")
     _check_shape("qzeros", qzeros, (groups, n * bits // 32), where)
+    _check_bias(bias, n, where)
     perm = _group_order(g_idx, k, groups, group_size, where)
 
     layer = QuantLinear(k, n, f"uint{bits}", group_size, zero_point=True,
@@ -140,7 +142,7 @@ def from_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
     codes = unpack_rows(rows, bits, k)
     if perm is not None:
         codes = codes[:, perm.to(codes.device)]
-    layer.set_codes(codes, scales, zeros, perm)  # repacked into the kernel's layout
+    layer.set_codes(codes, _fp16_scales(scales, where), zeros, perm)  # repacked
     if bias is not None and layer.bias is not None:
         with torch.no_grad():
             layer.bias.copy_(bias)
@@ -171,15 +173,24 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
         raise CheckpointImportError(f"{where}: {groups} scale groups (group_size={group_size})"
                                     f" do not cover K={k}")
     _check_shape("qzeros", qzeros, (groups, n // 8), where)
+    _check_bias(bias, n, where)
     layer = QuantLinear(k, n, "uint4", k // groups, zero_point=True, bias=bias is not None,
                         device=qweight.device,
                         bias_dtype=bias_dtype_for(getattr(bias, "dtype", None)))
     codes = _awq_unpack(qweight).t().contiguous()  # [N, K]
-    layer.set_codes(codes, scales, _awq_unpack(qzeros).to(torch.float16))
+    layer.set_codes(codes, _fp16_scales(scales, where), _awq_unpack(qzeros).to(torch.float16))
     if bias is not None and layer.bias is not None:
         with torch.no_grad():
             layer.bias.copy_(bias)
     return layer
+
+
+def _check_bias(bias: torch.Tensor | None, n: int, where: str) -> None:
+    """A bias must be ``[n]`` floats that stay finite in the dtype the layer keeps."""
+    if bias is not None:
+        problem = bias_problem(bias, n, bias_dtype_for(getattr(bias, "dtype", None)))
+        if problem:
+            raise CheckpointImportError(f"{where}: {problem}")
 
 
 def _fp16_scales(scales: torch.Tensor, where: str) -> torch.Tensor:
@@ -214,6 +225,7 @@ def from_compressed_tensors(weight_packed: torch.Tensor, weight_scale: torch.Ten
     if k % groups:
         raise CheckpointImportError(f"{where}: {groups} scale groups do not divide K={k}")
     group_size = k // groups
+    _check_bias(bias, n, where)
     perm = _group_order(weight_g_idx, k, groups, group_size, where)
     codes = unpack_rows(_word_bytes(weight_packed), bits, k)  # [N, K]: q + 2**(bits-1)
     offset = 1 << (bits - 1)

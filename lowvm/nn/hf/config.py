@@ -21,6 +21,11 @@ __all__ = ["LowvmConfig", "METHOD", "METHODS", "DEFAULT_DTYPE"]
 METHOD = "lowvm"
 
 
+#: a None (keep the layer dense) of a dtype mapping as config.json holds it: transformers
+#: writes every value of a mapping under a "dtype" key through str()
+SAVED_NONE = "None"
+
+
 def _type_name(value: Any, where: str) -> str | None:
     if value is None:
         return None
@@ -55,7 +60,8 @@ class LowvmConfig(QuantizationConfigMixin):
         self.quant_method = METHOD
         if isinstance(dtype, Mapping):
             self.dtype: str | dict[str, str | None] | None = {
-                str(k): _type_name(v, f"LowvmConfig: dtype[{k!r}]") for k, v in dtype.items()}
+                str(k): None if v == SAVED_NONE else _type_name(v, f"LowvmConfig: dtype[{k!r}]")
+                for k, v in dtype.items()}
         else:
             self.dtype = _type_name(dtype, "LowvmConfig: dtype")
         if method not in METHODS:

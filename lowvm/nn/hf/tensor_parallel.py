@@ -19,7 +19,7 @@ from torch import nn
 from lowvm.nn.errors import QuantizationError
 from lowvm.nn.swap import set_module as _set_module
 
-__all__ = ["TensorParallelHooks", "tp_group"]
+__all__ = ["TensorParallelHooks", "tp_group", "tp_requested"]
 
 
 class TensorParallelHooks:
@@ -44,6 +44,8 @@ class TensorParallelHooks:
         place), remembering their styles: lowvm splits those layers itself after loading."""
         from lowvm.nn.serve.tensor_parallel import STYLES, generic_name
 
+        if not tp_requested(model):  # every model has a plan; it is used only under TP
+            return
         plan = getattr(model, "tp_plan", None) if plan is None else plan
         if not isinstance(plan, dict) or not plan:
             return
@@ -123,6 +125,21 @@ class TensorParallelHooks:
                                           f"ranks: {problem}")
         for name in todo:
             self._shard_now(model, name)
+
+
+def tp_requested(model: nn.Module) -> bool:
+    """Whether this load splits the model over ranks. transformers 5.24 records the
+    ``distributed_config`` (with its resolved ``tp_size``) on the config before it builds
+    the model; before that, tensor parallelism needs torch.distributed over several ranks."""
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    if distributed is not None:
+        return (getattr(distributed, "tp_size", None) or 1) > 1
+    size = getattr(model, "_tp_size", None)
+    if isinstance(size, int):
+        return size > 1
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def tp_group(model: nn.Module) -> Any:

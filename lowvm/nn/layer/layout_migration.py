@@ -43,7 +43,7 @@ from lowvm.nn.layer.kernel_format import (
 )
 
 __all__ = ["format_record", "check_record", "check_state_dict", "expect_earlier_layout",
-           "convert_earlier_layouts", "describe"]
+           "convert_earlier_layouts", "describe", "describe_layer"]
 
 # the attribute naming the earlier layout a layer expects its next assigned qweight in
 _EXPECTED = "_earlier_layout"
@@ -64,7 +64,7 @@ def check_record(layer: nn.Module, record: Any) -> None:
     got = _fingerprint(record)  # transformers' loading of an announced earlier layout
     if got != earlier.fingerprint:
         raise WeightFormatError(
-            f"{_where(layer)}: the checkpoint's config records kernel format "
+            f"{describe_layer(layer)}: the checkpoint's config records kernel format "
             f"{earlier.fingerprint} for this layer, but its tensors record "
             f"{got if got is not None else describe(record)}; the checkpoint is "
             "inconsistent")
@@ -130,7 +130,8 @@ def _convert_assigned(layer: nn.Module) -> bool:
     return True
 
 
-def _where(layer: nn.Module) -> str:
+def describe_layer(layer: nn.Module) -> str:
+    """A layer as error messages name it: its type, group size and shape."""
     spec = layer.spec
     return (f"QuantLinear ({spec.wtype.name}, group_size={spec.group_size}, "
             f"[{layer.out_features}, {layer.in_features}])")
@@ -150,7 +151,7 @@ def _from_earlier_layout(layer: nn.Module, qweight: torch.Tensor, earlier: Kerne
     if (not isinstance(qweight, torch.Tensor) or qweight.is_meta
             or qweight.dtype != torch.uint8 or qweight.shape != own.shape):
         raise WeightFormatError(
-            f"{_where(layer)}: the saved qweight is in the earlier kernel format "
+            f"{describe_layer(layer)}: the saved qweight is in the earlier kernel format "
             f"{earlier.fingerprint}, which this lowvm converts from a uint8 tensor with "
             f"data of shape {tuple(own.shape)}; got {describe(qweight)}"
             + (" on the meta device" if getattr(qweight, "is_meta", False) else ""))
@@ -169,7 +170,7 @@ def _check_format(layer: nn.Module, record: Any, qweight: Any) -> None:
     got = _fingerprint(record)
     if got == fmt.fingerprint:
         return
-    where = _where(layer)
+    where = describe_layer(layer)
     fix = ("quantize the dense model again, or load the checkpoint with the lowvm that "
            "saved it and move the codes over (QuantLinear.codes() there, set_codes here)")
     if got is not None:
@@ -222,7 +223,7 @@ def _check_settings(layer: nn.Module, state_dict: Mapping[str, Any], prefix: str
                          f"{own.wtype.name}")
     if diffs:
         raise WeightFormatError(
-            f"{_where(layer)}: the checkpoint's layer differs in {'; '.join(diffs)}; build "
+            f"{describe_layer(layer)}: the checkpoint's layer differs in {'; '.join(diffs)}; build "
             "the layer with the checkpoint's settings (its config.json's "
             "quantization_config)")
 

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from lowvm.dtypes import DType
-from lowvm.nn.errors import ActivationError, QuantizationError
+from lowvm.nn.errors import ActivationError, CheckpointError, QuantizationError
 from lowvm.nn.layer import custom_op  # noqa: F401  (registers torch.ops.lowvm.quant_linear)
 from lowvm.nn.layer import layout_migration as migration
 from lowvm.nn.layer.backend import EagerLaunches
@@ -50,6 +50,12 @@ from lowvm.nn.layer.kernel_format import KernelFormat, layer_kernel_format
 from lowvm.nn.layer.packed import PackedLinear, dequantize, unpack_codes
 from lowvm.nn.layer.quantize import quantize_weight
 from lowvm.nn.layer.spec import QuantSpec, make_spec
+from lowvm.nn.layer.tensor_checks import (
+    bias_problem,
+    layer_tensors_problem,
+    permutation_problem,
+    storage_problem,
+)
 
 __all__ = ["QuantLinear", "bias_dtype_for"]
 
@@ -138,7 +144,12 @@ class QuantLinear(nn.Module):
         """A layer quantizing the dense ``weight [out_features, in_features]`` (round to
         nearest), on its device. ``bias``: copied in; a bias still on the meta device (not
         loaded yet, as while transformers loads a checkpoint) gives the layer a zero bias
-        buffer to be loaded later. ``where`` names the layer in error messages."""
+        buffer to be loaded later; one float16 cannot hold (a float32 bias beside float16
+        weights) is refused. ``where`` names the layer in error messages."""
+        if bias is not None and not bias.is_meta:
+            problem = bias_problem(bias, weight.shape[0], bias_dtype_for(weight.dtype))
+            if problem:
+                raise QuantizationError(f"{where}: {problem}")
         layer = cls(weight.shape[1], weight.shape[0], dtype, group_size, zero_point,
                     bias=bias is not None, device=weight.device,
                     bias_dtype=bias_dtype_for(weight.dtype))
@@ -171,6 +182,7 @@ class QuantLinear(nn.Module):
                                     f"[0, {(1 << nbits) - 1}]; got values in "
                                     f"[{int(codes.min())}, {int(codes.max())}]")
         _check_like(where, "scales", scales, self.scales)
+        _check_stored(where, "scales", scales)
         if self.zeros is None:
             if zeros is not None:
                 raise QuantizationError(f"{where}: this {self.spec.wtype.name} layer is "
@@ -180,11 +192,14 @@ class QuantLinear(nn.Module):
                                     "given")
         else:
             _check_like(where, "zeros", zeros, self.zeros)
+            _check_stored(where, "zeros", zeros)
         if input_perm is not None:
             if self.input_perm is None:
                 raise QuantizationError(f"{where}: input_perm given, but the layer was built "
                                         "without act_order=True")
-            _check_like(where, "input_perm", input_perm, self.input_perm)
+            problem = permutation_problem(input_perm, k)
+            if problem:
+                raise QuantizationError(f"{where}: {problem}")
         packed = self.kernel_format.repack(codes.to(device=self.qweight.device,
                                                     dtype=torch.uint8))
         self.qweight.copy_(packed)
@@ -218,6 +233,10 @@ class QuantLinear(nn.Module):
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str,
                               *args: Any, **kwargs: Any) -> None:
         state_dict = migration.check_state_dict(self, state_dict, prefix)
+        problem = layer_tensors_problem(self, {name: state_dict.get(prefix + name)
+                                               for name in self._buffers})
+        if problem:
+            raise CheckpointError(f"{migration.describe_layer(self)}: the state dict's {problem}")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def packed(self) -> PackedLinear:
@@ -275,6 +294,12 @@ class QuantLinear(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> None:
         """The activation checks every path makes (ActivationError names what is wrong)."""
+        if not isinstance(x, torch.Tensor):
+            kind = type(x).__qualname__
+            if type(x).__module__ != "builtins":
+                kind = f"{type(x).__module__}.{kind}"
+            raise ActivationError(f"QuantLinear: x must be a torch.Tensor; got a {kind} "
+                                  "(convert it, e.g. torch.as_tensor(x, dtype=torch.float16))")
         if x.dtype not in _ACTIVATION_DTYPES:
             raise ActivationError(f"QuantLinear: x has dtype {x.dtype}; quantized layers take "
                                   "torch.float16 or torch.bfloat16 activations (cast the model,"
@@ -337,6 +362,13 @@ def bias_dtype_for(dtype: torch.dtype | None) -> torch.dtype:
     """The dtype a layer keeps its bias in, given the source's: float16 or bfloat16 as
     they are, anything else (float32, none) float16."""
     return dtype if dtype in _ACTIVATION_DTYPES else torch.float16
+
+
+def _check_stored(where: str, name: str, value: torch.Tensor) -> None:
+    """``value`` must stay finite as the float16 the layer keeps it in."""
+    problem = storage_problem(name, value, torch.float16)
+    if problem:
+        raise QuantizationError(f"{where}: {problem}")
 
 
 def _check_like(where: str, name: str, value: Any, buffer: torch.Tensor) -> None:

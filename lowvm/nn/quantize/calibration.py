@@ -39,6 +39,10 @@ __all__ = ["prepare_calibration", "find_blocks", "run_blocks", "HessianHook", "o
 Handler = Callable[[dict[str, "torch.Tensor | None"]], bool]
 
 
+#: the index dtypes torch's embedding takes
+_ID_DTYPES = (torch.int64, torch.int32)
+
+
 class _Stop(Exception):
     """Raised by the capture hook: the model's forward is not needed past block 0."""
 
@@ -68,11 +72,12 @@ def prepare_calibration(calibration: Any, where: str = "quantize_model") -> list
                 "of model inputs with string keys")
         ids = sample.get("input_ids")
         if ids is not None:
-            if (not isinstance(ids, torch.Tensor) or ids.dtype.is_floating_point
-                    or ids.dtype == torch.bool or ids.dim() not in (1, 2) or ids.numel() == 0):
+            if (not isinstance(ids, torch.Tensor) or ids.dtype not in _ID_DTYPES
+                    or ids.dim() not in (1, 2) or ids.numel() == 0):
                 raise QuantizationError(
                     f"{where}: calibration item {i}: input_ids is {_describe(ids)}; it must "
-                    "be a non-empty integer tensor of shape [batch, tokens] or [tokens]")
+                    "be a non-empty torch.int64 or torch.int32 tensor (what an embedding "
+                    "takes) of shape [batch, tokens] or [tokens]")
             if ids.dim() == 1:
                 sample["input_ids"] = ids.unsqueeze(0)
                 mask = sample.get("attention_mask")

@@ -16,6 +16,7 @@ keeps them in a Hugging Face model's ``config.quantization_config`` so that
 from __future__ import annotations
 
 import difflib
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -48,7 +49,12 @@ from lowvm.nn.quantize.gptq import gptq_quantize
 from lowvm.nn.quantize.recorder import model_recorder
 from lowvm.nn.swap import set_module
 
-__all__ = ["quantize_model", "QuantReport", "plan_layers", "name_matches"]
+__all__ = ["quantize_model", "QuantReport", "plan_layers", "name_matches",
+           "LayerSkippedWarning"]
+
+
+class LayerSkippedWarning(UserWarning):
+    """Linear layers left dense because a QuantLinear cannot stand in for them."""
 
 
 @dataclass
@@ -97,6 +103,27 @@ def _dtype_for(name: str, dtype: Any) -> Any:
     return dtype[max(hits, key=len)]  # longest wins; ties: the first in order
 
 
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+def _irreplaceable(name: str, module: nn.Linear, modules: Mapping[str, nn.Module]) -> str | None:
+    """Why a QuantLinear in place of ``module`` would change what the model computes (None
+    when it would not): a subclass's own ``forward`` would be dropped, and torch's own
+    composite modules (``nn.MultiheadAttention``, ``nn.TransformerEncoderLayer``, ...) read
+    their linears' ``weight`` directly."""
+    cls = type(module)
+    if cls.forward is not nn.Linear.forward:
+        return (f"{cls.__module__}.{cls.__qualname__} (an nn.Linear subclass) has its own "
+                "forward, which a QuantLinear would drop")
+    parent_name, _, child = name.rpartition(".")
+    parent = modules.get(parent_name)
+    if (parent is not None and parent is not module and not isinstance(parent, _CONTAINERS)
+            and type(parent).__module__.startswith("torch.nn.")):
+        return (f"its parent, torch's {type(parent).__name__}, reads {child}.weight itself, "
+                "which a QuantLinear does not have")
+    return None
+
+
 def _tied_weights(model: nn.Module) -> set[int]:
     """ids of parameters shared by several modules (e.g. lm_head tied to the embedding)."""
     seen: dict[int, int] = {}
@@ -121,9 +148,11 @@ def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
     tied = _tied_weights(model)
     plan: dict[str, QuantSpec] = {}
     skipped: dict[str, str] = {}
-    linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    modules = dict(model.named_modules())
+    linears = [name for name, m in modules.items() if isinstance(m, nn.Linear)]
     _check_patterns(linears, skip, dtype)
-    for name, module in model.named_modules():
+    irreplaceable: dict[str, str] = {}
+    for name, module in modules.items():
         if not isinstance(module, nn.Linear):
             continue
         if any(name_matches(name, pattern) for pattern in skip):
@@ -135,6 +164,10 @@ def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
             continue
         if id(module.weight) in tied:
             skipped[name] = "weight tied to another module"
+            continue
+        why = _irreplaceable(name, module, modules)
+        if why is not None:
+            skipped[name] = irreplaceable[name] = why
             continue
         if loaded and module.weight.is_meta:
             raise QuantizationError(f"quantize_model: layer {name!r} has no weights yet (meta "
@@ -150,8 +183,14 @@ def plan_layers(model: nn.Module, dtype: Any, group_size: int | None,
         reasons = sorted(set(skipped.values()))
         raise QuantizationError(
             "quantize_model: nothing to quantize: "
-            + (f"the model's {len(linears)} linear layers are all left dense ({', '.join(reasons)})"
+            + (f"the model's {len(linears)} linear layers are all left dense ({'; '.join(reasons)})"
                if linears else "the model has no nn.Linear layers (already quantized?)"))
+    if irreplaceable:
+        listed = "; ".join(f"{name!r}: {why}" for name, why in irreplaceable.items())
+        warnings.warn(LayerSkippedWarning(
+            f"quantize_model: {len(irreplaceable)} linear layer(s) left dense, since a "
+            f"QuantLinear cannot stand in for them (report.skipped lists them): {listed}"),
+            stacklevel=3)
     return plan, skipped
 
 

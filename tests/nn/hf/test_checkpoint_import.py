@@ -161,3 +161,29 @@ def test_awq_bad_bits():
     with pytest.raises(CheckpointImportError, match="4 bits"):
         from_awq(torch.zeros(K, N // 8, dtype=torch.int32),
                  torch.zeros(2, N // 8, dtype=torch.int32), torch.ones(2, N).half(), bits=3)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 1e6])
+def test_importers_refuse_scales_float16_cannot_hold(bad):
+    q = torch.randint(0, 16, (K, N))
+    qweight, qzeros = gptq_pack(q, torch.full((4, N), 8), 4, v1=True)
+    scales = torch.ones(4, N)  # float32, as some producers store them
+    scales[2, 9] = bad
+    with pytest.raises(CheckpointImportError, match="from_gptq: scales hold values float16 "
+                                                    "cannot store"):
+        from_gptq(qweight, qzeros, scales, bits=4)
+    with pytest.raises(CheckpointImportError, match="from_awq: scales hold values"):
+        from_awq(awq_pack(q), awq_pack(torch.full((4, N), 8)), scales)
+
+
+def test_importers_name_a_bias_of_the_wrong_shape():
+    q = torch.randint(0, 16, (K, N))
+    qweight, qzeros = gptq_pack(q, torch.full((4, N), 8), 4, v1=True)
+    scales = torch.ones(4, N).half()
+    with pytest.raises(CheckpointImportError, match=rf"from_gptq: bias must be a float tensor "
+                                                    rf"of shape \({N},\); got torch.float16 "
+                                                    rf"tensor of shape \({N + 1},\)"):
+        from_gptq(qweight, qzeros, scales, bias=torch.zeros(N + 1).half(), bits=4)
+    with pytest.raises(CheckpointImportError, match=r"from_awq: bias\[0\] = 100000"):
+        from_awq(awq_pack(q), awq_pack(torch.full((4, N), 8)), scales,
+                 bias=torch.full((N,), 1e5))

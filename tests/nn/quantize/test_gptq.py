@@ -260,6 +260,8 @@ def test_model_gptq_argument_errors_change_nothing():
         ({"method": "gptq", "calibration": []}, "calibration is empty"),
         ({"method": "gptq", "calibration": ["hello"]}, "calibration item 0 is a str"),
         ({"method": "gptq", "calibration": [torch.rand(2, 8)]}, "input_ids is a torch.float32"),
+        ({"method": "gptq", "calibration": [torch.arange(8, dtype=torch.uint8)]},
+         "input_ids is a torch.uint8 .* torch.int64 or torch.int32"),
         ({"method": "gptq", "calibration": 5}, "calibration must be an iterable"),
         ({"method": "gptq", "calibration": [torch.tensor([1, 300])]},
          r"calibration item 0 holds token ids in \[1, 300\].* \[0, 255\]"),

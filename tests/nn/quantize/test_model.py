@@ -203,3 +203,54 @@ def test_settings_go_to_the_registered_recorder():
     assert model_recorder() is before
     record_quantization(model, report, "int4", 64, None, ["lm_head"])  # what hf's keeps
     assert set(model.config.quantization_config.modules) == set(report.layers)
+
+
+class _Doubling(torch.nn.Linear):
+    """A linear with its own forward: a QuantLinear in its place would drop the * 2."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def test_a_linear_subclass_with_its_own_forward_is_left_dense_and_named():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Doubling(128, 128), torch.nn.Linear(128, 64)).half()
+    x = torch.randn(2, 128, dtype=torch.float16)
+    with pytest.warns(lowvm.nn.LayerSkippedWarning, match=r"'0': .*_Doubling \(an nn.Linear "
+                                                          r"subclass\) has its own forward"):
+        report = lowvm.quantize_model(model, group_size=64, progress=False)
+    assert type(model[0]) is _Doubling and isinstance(model[1], QuantLinear)
+    assert "has its own forward" in report.skipped["0"]
+    with torch.no_grad():  # the override still runs: the dense output doubled
+        doubled = torch.nn.functional.linear(x, model[0].weight, model[0].bias) * 2
+        assert torch.equal(model(x), model[1](doubled))
+
+
+def test_torch_modules_that_read_their_linears_weights_keep_them_dense():
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(
+        torch.nn.TransformerEncoderLayer(128, 4, 256, batch_first=True),
+        torch.nn.Linear(128, 128)).half().eval()
+    x = torch.randn(2, 4, 128, dtype=torch.float16)
+    with pytest.warns(lowvm.nn.LayerSkippedWarning, match="MultiheadAttention, reads "
+                                                          "out_proj.weight itself"):
+        report = lowvm.quantize_model(block, group_size=64, progress=False)
+    assert set(report.replaced) == {"1"}
+    assert {"0.self_attn.out_proj", "0.linear1", "0.linear2"} <= set(report.skipped)
+    with torch.no_grad():
+        assert block(x).shape == (2, 4, 128)  # the fast path reads linear1.weight too
+    alone = torch.nn.TransformerEncoderLayer(128, 4, 256).half()
+    with pytest.raises(QuantizationError, match="nothing to quantize: .*MultiheadAttention"):
+        lowvm.quantize_model(alone, group_size=64, progress=False)
+    assert not any(isinstance(m, QuantLinear) for m in alone.modules())
+
+
+def test_a_float32_bias_float16_cannot_hold_fails_before_any_swap():
+    model = tiny_llama(attention_bias=True)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.v_proj.bias = torch.nn.Parameter(
+            torch.full((64,), 1e5))
+    with pytest.raises(QuantizationError, match=r"layer 'model.layers.1.self_attn.v_proj': "
+                                                r"bias\[0\] = 100000"):
+        lowvm.quantize_model(model, group_size=64, progress=False)
+    assert not _quant_layers(model)
