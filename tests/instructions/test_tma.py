@@ -148,7 +148,8 @@ def test_a_box_not_laid_out_as_the_copy_writes_it_is_refused():
         bars = vm.mbarriers(1)
         vm.copy_tma(s, gx, [0, 0], bars[0])
 
-    with pytest.raises(ProgramError, match=r"not a box \[64, 64\] as the copy engine stores one(.|\n)*tma_layout"):
+    with pytest.raises(ProgramError,
+                       match=r"not a box \[64, 64\] as the copy engine stores one(.|\n)*tma_layout"):
         bad.build()
 
 
