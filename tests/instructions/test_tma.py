@@ -149,7 +149,7 @@ def test_a_box_not_laid_out_as_the_copy_writes_it_is_refused():
         vm.copy_tma(s, gx, [0, 0], bars[0])
 
     with pytest.raises(ProgramError,
-                       match=r"not a box \[64, 64\] as the copy engine stores one(.|\n)*tma_layout"):
+                       match=r"not a box \[64, 64\] as the copy engine(.|\n)*tma_layout"):
         bad.build()
 
 
