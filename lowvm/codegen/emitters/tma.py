@@ -26,11 +26,11 @@ def _tile_address(cg: CudaContext, tensor: SharedTensor, start) -> str:
     return f"lowvm_smem_addr(lowvm_smem + {offset})"
 
 
-def _coordinates(cg: CudaContext, offsets) -> tuple[str, list[str]]:
-    """The PTX operand list ``{%2, %3, ...}`` and the C values of a copy's coordinates,
+def _coordinates(cg: CudaContext, offsets, first: int) -> tuple[str, list[str]]:
+    """The PTX operand list (``%first, ...``) and the C values of a copy's coordinates,
     innermost dim first as a tensor map counts them."""
     values = [f"(int)({cg.expr(o)})" for o in reversed(offsets)]
-    return ", ".join(f"%{2 + i}" for i in range(len(values))), values
+    return ", ".join(f"%{first + i}" for i in range(len(values))), values
 
 
 @register_emitter(CopyTma)
@@ -39,7 +39,7 @@ def emit_copy_tma(inst: CopyTma, cg: CudaContext) -> None:
     cg.line(f"// {inst}")
     tmap = cg.tensor_maps.name_for(inst.src, inst.box, inst.swizzle, inst.loc)
     rank = inst.src.rank
-    operands, coords = _coordinates(cg, inst.offsets)
+    operands, coords = _coordinates(cg, inst.offsets, 2)
     args = ", ".join([f'"r"({_tile_address(cg, inst.dst, inst.dst_start)})',
                       f'"l"(reinterpret_cast<unsigned long long>(&{tmap}))',
                       *[f'"r"({c})' for c in coords],
@@ -85,10 +85,9 @@ def emit_store_tma(inst: StoreTma, cg: CudaContext) -> None:
     # the threads' shared writes, then the copy engine's read of them
     cg.line('asm volatile("fence.proxy.async.shared::cta;" ::: "memory");')
     cg.barrier()
-    values = [f"(int)({cg.expr(o)})" for o in reversed(inst.offsets)]
-    operands = ", ".join(f"%{1 + i}" for i in range(rank))
+    operands, coords = _coordinates(cg, inst.offsets, 1)
     args = ", ".join([f'"l"(reinterpret_cast<unsigned long long>(&{tmap}))',
-                      *[f'"r"({c})' for c in values],
+                      *[f'"r"({c})' for c in coords],
                       f'"r"({_tile_address(cg, inst.src, inst.src_start)})'])
     with cg.block(f"if ({cg.thread} == 0)"):
         cg.line(f'asm volatile("cp.async.bulk.tensor.{rank}d.global.shared::cta.tile'
